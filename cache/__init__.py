@@ -1,0 +1,1 @@
+"""Node-local shard cache, sources and prefetch (no torch here)."""

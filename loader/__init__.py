@@ -1,0 +1,1 @@
+"""Torch-facing dataset, loader, workers, resumable state and streaming."""

@@ -1,0 +1,1 @@
+"""Permutations, epoch plans and shuffle-quality metrics (no torch here)."""

@@ -1,0 +1,1 @@
+"""The `shardfeed` CLI, the reference trainer and benchmarks. Nothing imports this."""

@@ -1,0 +1,39 @@
+"""`shardfeed` command line: one module per subcommand, imported lazily.
+
+Each subcommand module has ``add_arguments(parser)`` and ``main(args) -> int``
+so tests call ``main`` directly without a subprocess.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help)
+COMMANDS = {
+    "convert": ("shardfeed.tools.convert", "convert images/JSONL/CSV/Parquet/tars into shards"),
+    "inspect": ("shardfeed.tools.inspect_cmd", "show counts, sizes, fields and a few samples"),
+    "verify": ("shardfeed.tools.verify", "check every hash and offset of a dataset"),
+    "bench": ("shardfeed.tools.bench", "throughput and quality benchmarks"),
+    "demo": ("shardfeed.tools.demo", "build a small dataset, shard it and read it back"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="shardfeed", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text)
+        p.set_defaults(_module=module)
+        importlib.import_module(module).add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(importlib.import_module(args._module).main(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
