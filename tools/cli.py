@@ -24,9 +24,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shardfeed", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (module, help_text) in COMMANDS.items():
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name != module:
+                raise
+            continue  # subcommand not built yet in this checkout
         p = sub.add_parser(name, help=help_text)
         p.set_defaults(_module=module)
-        importlib.import_module(module).add_arguments(p)
+        mod.add_arguments(p)
     return parser
 
 

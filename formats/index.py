@@ -1,0 +1,291 @@
+"""The dataset index: one row per shard (name, format, samples, bytes, hash).
+
+Stored as ``index.arrow``, an uncompressed Arrow IPC file that is memory-
+mapped on open: 100,000 shards load in milliseconds (JSON of the same takes
+~100x longer, see `shardfeed bench formats`). Per-sample offsets are not here:
+they sit in each shard's sidecar.
+
+A dataset that grows is an append-only commit log: ``_log/<seq>.json``, one
+file per published shard, each created with a no-overwrite link so two
+writers never take the same sequence number. ``compact`` folds the log into
+``index.arrow`` (recording the last folded sequence number).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import re
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from shardfeed.formats.errors import ShardError
+
+INDEX_NAME = "index.arrow"
+LOG_DIR = "_log"
+INDEX_VERSION = 1
+HASH_ALGO = "xxh3_128"
+FORMATS = ("tar", "tar.gz", "tar.zst", "parquet", "arrow")
+_SEQ_RE = re.compile(r"^(\d{12})\.json$")
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    name: str  # path relative to the dataset root, POSIX separators
+    format: str
+    samples: int
+    bytes: int
+    hash: str  # hex digest, HASH_ALGO
+
+
+def check_shard_name(name: str, where: str) -> str:
+    """Shard names come from untrusted indexes: only plain relative paths."""
+    if (not isinstance(name, str) or not name or name.startswith("/") or "\\" in name or "\0" in name
+            or any(p in ("", ".", "..") for p in name.split("/"))):
+        raise ShardError(where, f"index names an unsafe shard path {name!r}")
+    return name
+
+
+def format_of(name: str) -> str:
+    for suffix, fmt in ((".tar.zst", "tar.zst"), (".tar.gz", "tar.gz"), (".tgz", "tar.gz"), (".tar", "tar"),
+                        (".parquet", "parquet"), (".arrow", "arrow")):
+        if name.endswith(suffix):
+            return fmt
+    raise ValueError(f"{name!r}: unknown shard format (expected one of .tar .tar.gz .tgz .tar.zst .parquet .arrow)")
+
+
+class DatasetIndex:
+    """Columnar view of a dataset's shards; ``shard(i)`` gives one row."""
+
+    def __init__(self, root: str, names: Sequence[str], formats: Sequence[str], counts, sizes,
+                 hashes: Sequence[str], fields: Sequence[str] = (), meta: dict | None = None):
+        self.root = root
+        self.names = list(names)
+        self.formats = list(formats)
+        self.counts = np.asarray(counts, np.int64)
+        self.sizes = np.asarray(sizes, np.int64)
+        self.hashes = list(hashes)
+        self.fields = tuple(fields)
+        self.meta = dict(meta or {})
+        self.tables: dict[int, object] = {}  # shard -> SampleTable for shards scanned on open
+        n = len(self.names)
+        if not (len(self.formats) == len(self.counts) == len(self.sizes) == len(self.hashes) == n):
+            raise ShardError(root, "index columns disagree in length (broken index)")
+        if n and (self.counts.min() < 0 or self.sizes.min() < 0):
+            raise ShardError(root, "index has negative sample counts or sizes (broken index)")
+        self.offsets = np.zeros(n + 1, np.int64)
+        np.cumsum(self.counts, out=self.offsets[1:])
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.offsets[-1])
+
+    @property
+    def num_bytes(self) -> int:
+        return int(self.sizes.sum())
+
+    def shard(self, i: int) -> ShardInfo:
+        return ShardInfo(self.names[i], self.formats[i], int(self.counts[i]), int(self.sizes[i]), self.hashes[i])
+
+    def path(self, i: int) -> str:
+        return join(self.root, self.names[i])
+
+    def locate(self, sample_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Global sample ids -> (shard, index inside the shard)."""
+        ids = np.asarray(sample_ids, np.int64)
+        shard = np.searchsorted(self.offsets, ids, side="right") - 1
+        return shard, ids - self.offsets[shard]
+
+    def __repr__(self) -> str:
+        return f"DatasetIndex({self.root!r}, shards={len(self)}, samples={self.num_samples})"
+
+
+def join(root: str, name: str) -> str:
+    if "://" in root:
+        return root.rstrip("/") + "/" + name
+    return os.path.join(root, *name.split("/"))
+
+
+def _local_root(source: str) -> str:
+    if source.startswith("file://"):
+        return source[len("file://"):]
+    if "://" in source:
+        raise ShardError(source, "remote datasets need shardfeed.cache (scheme not readable by formats)")
+    return source
+
+
+def write_index(root: str, shards: Iterable[ShardInfo], fields: Sequence[str] = (), log_seq: int = 0) -> str:
+    """Atomically (temp, rename) write ``root/index.arrow``; returns its path."""
+    shards = list(shards)
+    for s in shards:
+        check_shard_name(s.name, root)
+    tbl = pa.table({
+        "name": pa.array([s.name for s in shards], pa.string()),
+        "format": pa.array([s.format for s in shards], pa.string()).dictionary_encode(),
+        "samples": pa.array([s.samples for s in shards], pa.int64()),
+        "bytes": pa.array([s.bytes for s in shards], pa.int64()),
+        "hash": pa.array([s.hash for s in shards], pa.string()),
+    })
+    meta = {"version": INDEX_VERSION, "hash": HASH_ALGO, "fields": list(fields), "log_seq": log_seq}
+    tbl = tbl.replace_schema_metadata({b"shardfeed.index": json.dumps(meta).encode()})
+    path = os.path.join(root, INDEX_NAME)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, tbl.schema) as w:
+        w.write_table(tbl)
+    os.replace(tmp, path)
+    return path
+
+
+def _read_index_file(path: str, root: str) -> tuple[dict, list]:
+    try:
+        with pa.memory_map(path, "r") as src:
+            tbl = pa.ipc.open_file(src).read_all()
+        meta = json.loads(tbl.schema.metadata[b"shardfeed.index"])
+    except (pa.ArrowInvalid, OSError, KeyError, TypeError, ValueError) as e:
+        raise ShardError(path, f"index is unreadable ({e}); rebuild it with `shardfeed convert`") from e
+    if meta.get("version") != INDEX_VERSION:
+        raise ShardError(path, f"index version {meta.get('version')!r} is not {INDEX_VERSION}")
+    try:
+        fmt = tbl.column("format").combine_chunks()
+        if pa.types.is_dictionary(fmt.type):
+            fmt = fmt.dictionary_decode()
+        cols = [tbl.column("name").to_pylist(), fmt.to_pylist(), tbl.column("samples").to_numpy(),
+                tbl.column("bytes").to_numpy(), tbl.column("hash").to_pylist()]
+    except (KeyError, pa.ArrowException) as e:
+        raise ShardError(path, f"index lacks a column ({e}) (broken index)") from e
+    for name, f in zip(cols[0], cols[1]):
+        check_shard_name(name, path)
+        if f not in FORMATS:
+            raise ShardError(path, f"shard {name!r} has unknown format {f!r}")
+    return meta, cols
+
+
+def read_log(root: str, after: int = 0) -> list[tuple[int, ShardInfo]]:
+    """Published shards with sequence number > ``after``, in commit order."""
+    log = os.path.join(root, LOG_DIR)
+    try:
+        entries = sorted(os.listdir(log))
+    except FileNotFoundError:
+        return []
+    out = []
+    for e in entries:
+        m = _SEQ_RE.match(e)
+        if not m or int(m.group(1)) <= after:
+            continue
+        path = os.path.join(log, e)
+        try:
+            with open(path, "rb") as f:
+                rec = json.loads(f.read(1 << 16))
+            info = ShardInfo(check_shard_name(rec["name"], path), rec["format"], int(rec["samples"]),
+                             int(rec["bytes"]), str(rec["hash"]))
+        except (ValueError, KeyError, TypeError) as err:
+            raise ShardError(path, f"commit log entry is malformed: {err}") from err
+        if info.format not in FORMATS or info.samples < 0 or info.bytes < 0:
+            raise ShardError(path, f"commit log entry has bad values {rec!r}")
+        out.append((int(m.group(1)), info))
+    return out
+
+
+def publish(root: str, info: ShardInfo) -> int:
+    """Commit one completely written shard to a live dataset; returns its sequence number.
+
+    The entry is written to a temp file and hard-linked to the next free
+    sequence number: link() fails if the name exists, so concurrent writers
+    never overwrite each other and a reader never sees a partial entry.
+    """
+    check_shard_name(info.name, root)
+    log = os.path.join(root, LOG_DIR)
+    os.makedirs(log, exist_ok=True)
+    tmp = os.path.join(log, f".tmp-{os.getpid()}-{id(info)}")
+    with open(tmp, "w") as f:
+        json.dump(info.__dict__, f)
+        f.flush()
+        os.fsync(f.fileno())
+    existing = [int(m.group(1)) for e in os.listdir(log) if (m := _SEQ_RE.match(e))]
+    seq = max(existing, default=_base_log_seq(root)) + 1
+    try:
+        while True:
+            try:
+                os.link(tmp, os.path.join(log, f"{seq:012d}.json"))
+                return seq
+            except FileExistsError:
+                seq += 1
+    finally:
+        os.unlink(tmp)
+
+
+def _base_log_seq(root: str) -> int:
+    path = os.path.join(root, INDEX_NAME)
+    if not os.path.exists(path):
+        return 0
+    meta, _ = _read_index_file(path, root)
+    return int(meta.get("log_seq", 0))
+
+
+def open_index(source: str, follow_log: bool = True) -> DatasetIndex:
+    """The index of a dataset folder (or ``file://`` URL), its commit log included.
+
+    A folder with no index but WebDataset tars (or a single ``.tar`` file) is
+    indexed by scanning each tar once, in memory.
+    """
+    root = _local_root(str(source))
+    if os.path.isfile(root):
+        return _scan_foreign(os.path.dirname(root) or ".", [os.path.basename(root)])
+    if not os.path.isdir(root):
+        raise ShardError(root, "dataset not found (no such folder or file)")
+    path = os.path.join(root, INDEX_NAME)
+    log_seq = 0
+    if os.path.exists(path):
+        meta, (names, formats, counts, sizes, hashes) = _read_index_file(path, root)
+        log_seq = int(meta.get("log_seq", 0))
+        fields = meta.get("fields", [])
+    else:
+        meta, names, formats, counts, sizes, hashes, fields = {}, [], [], [], [], [], []
+        if not os.path.isdir(os.path.join(root, LOG_DIR)):
+            shards = sorted(n for n in os.listdir(root) if n.endswith((".tar", ".tgz", ".tar.gz", ".tar.zst")))
+            if not shards:
+                raise ShardError(root, f"no {INDEX_NAME}, no commit log and no tar shards here")
+            return _scan_foreign(root, shards)
+    entries = read_log(root, after=log_seq) if follow_log else []
+    if entries:
+        names = list(names) + [e.name for _, e in entries]
+        formats = list(formats) + [e.format for _, e in entries]
+        counts = np.concatenate([np.asarray(counts, np.int64), [e.samples for _, e in entries]])
+        sizes = np.concatenate([np.asarray(sizes, np.int64), [e.bytes for _, e in entries]])
+        hashes = list(hashes) + [e.hash for _, e in entries]
+        meta = dict(meta, log_seq=entries[-1][0])
+    return DatasetIndex(root, names, formats, counts, sizes, hashes, fields, meta)
+
+
+def compact(root: str) -> DatasetIndex:
+    """Fold the commit log into index.arrow; log entries stay for live readers."""
+    idx = open_index(root)
+    write_index(root, (idx.shard(i) for i in range(len(idx))), idx.fields, int(idx.meta.get("log_seq", 0)))
+    return idx
+
+
+def _scan_foreign(root: str, names: list[str]) -> DatasetIndex:
+    from shardfeed.formats.readers import hash_file, load_tar_stream
+    from shardfeed.formats.sidecar import scan_tar
+
+    rows, tables, fields = [], {}, []
+    for i, name in enumerate(names):
+        path = os.path.join(root, name)
+        data = load_tar_stream(path, format_of(name))
+        table = scan_tar(data, path)
+        tables[i] = table
+        for f in table.fields:
+            if f not in fields:
+                fields.append(f)
+        rows.append(ShardInfo(name, format_of(name), len(table), os.path.getsize(path), hash_file(path)))
+    idx = DatasetIndex(root, [r.name for r in rows], [r.format for r in rows], [r.samples for r in rows],
+                       [r.bytes for r in rows], [r.hash for r in rows], fields, {"scanned": True})
+    idx.tables = tables
+    return idx

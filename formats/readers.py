@@ -1,0 +1,251 @@
+"""Shard readers: sequential iteration and random access by sample index.
+
+Tar shards are memory-mapped and read through their sidecar's offsets; each
+sample's payload is checked against the sidecar's xxh3 checksum before it is
+handed over, so bytes damaged on disk are never delivered as data.
+Compressed tars (.tar.gz, .tar.zst) cannot be seeked: they are decompressed
+once into memory (capped, the cap checked as bytes arrive) and then read the
+same way. Parquet and Arrow shards are read by row group / record batch.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import mmap
+import os
+import zlib
+from typing import Any, Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import xxhash
+import zstandard
+
+from shardfeed.formats.errors import ShardError
+from shardfeed.formats.sidecar import SIDECAR_SUFFIX, SampleTable, read_sidecar, sample_checksum, scan_tar
+
+# A compressed shard is held in memory while read; refuse pathological ones
+# (a "zip bomb") instead of exhausting memory. Override per reader.
+MAX_DECOMPRESSED_BYTES = int(os.environ.get("SHARDFEED_MAX_DECOMPRESSED_BYTES", 8 << 30))
+_CHUNK = 8 << 20
+
+
+def hash_file(path: str) -> str:
+    """Hex xxh3-128 of a file's bytes (the index's content hash)."""
+    h = xxhash.xxh3_128()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _decompress(stream, path: str, limit: int) -> bytes:
+    out = bytearray()
+    while True:
+        chunk = stream.read(_CHUNK)
+        if not chunk:
+            return bytes(out)
+        out += chunk
+        if len(out) > limit:
+            raise ShardError(path, f"decompresses to more than {limit} bytes; raise "
+                                   "SHARDFEED_MAX_DECOMPRESSED_BYTES if this shard is genuine")
+
+
+def load_tar_stream(path: str, fmt: str, limit: int | None = None):
+    """The shard's tar bytes: an mmap for plain tar, decompressed bytes otherwise."""
+    limit = MAX_DECOMPRESSED_BYTES if limit is None else limit
+    try:
+        if fmt == "tar":
+            with open(path, "rb") as f:
+                if os.fstat(f.fileno()).st_size == 0:
+                    raise ShardError(path, "shard is empty (0 bytes; truncated)")
+                return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        if fmt == "tar.gz":
+            with gzip.open(path, "rb") as f:
+                return _decompress(f, path, limit)
+        if fmt == "tar.zst":
+            with open(path, "rb") as raw, zstandard.ZstdDecompressor().stream_reader(raw) as f:
+                return _decompress(f, path, limit)
+    except FileNotFoundError as e:
+        raise ShardError(path, "shard is missing (no such file)") from e
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+        raise ShardError(path, f"gzip stream is corrupt or truncated: {e}") from e
+    except zstandard.ZstdError as e:
+        raise ShardError(path, f"zstd frame error: {e}") from e
+    raise ShardError(path, f"format {fmt!r} is not a tar format")
+
+
+class TarShardReader:
+    """Random access to one tar shard through its sample table."""
+
+    def __init__(self, path: str, fmt: str = "tar", table: SampleTable | None = None,
+                 expected_bytes: int | None = None, verify: bool = True):
+        self.path = path
+        self.verify = verify
+        if expected_bytes is not None:
+            try:
+                actual = os.path.getsize(path)
+            except FileNotFoundError as e:
+                raise ShardError(path, "shard is missing (no such file)") from e
+            if actual != expected_bytes:
+                raise ShardError(path, f"shard has {actual} bytes but the index says {expected_bytes} "
+                                       "(truncated, replaced or index mismatch)")
+        self.data = load_tar_stream(path, fmt)
+        if table is None:
+            try:
+                table, _ = read_sidecar(path + SIDECAR_SUFFIX, path)
+            except FileNotFoundError:
+                table = scan_tar(self.data, path)  # a foreign tar: index it once
+        table.validate(path, len(self.data))
+        self.table = table
+        self.view = memoryview(self.data)
+        self.fields = table.fields
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def key(self, i: int) -> str:
+        return self.table.keys[i]
+
+    def _check(self, i: int, parts) -> None:
+        if sample_checksum(parts) != int(self.table.checksum[i]):
+            raise ShardError(self.path, f"sample {i} ({self.table.keys[i]!r}) fails its checksum "
+                                        "(bytes damaged on disk)")
+
+    def read(self, i: int) -> dict[str, Any]:
+        """Sample ``i`` as ``{"__key__": key, ext: bytes}``."""
+        n = len(self.table)
+        if not 0 <= i < n:
+            raise IndexError(f"sample {i} out of range for shard {self.path} of {n} samples")
+        t = self.table
+        a, b = int(t.member_start[i]), int(t.member_start[i + 1])
+        mv = self.view
+        parts = [mv[o:o + s] for o, s in zip(t.offset[a:b].tolist(), t.size[a:b].tolist())]
+        if self.verify:
+            self._check(i, parts)
+        sample: dict[str, Any] = {"__key__": t.keys[i]}
+        for f, p in zip(t.member_field[a:b].tolist(), parts):
+            sample[t.fields[f]] = bytes(p)
+        return sample
+
+    def read_many(self, indices) -> list[dict[str, Any]]:
+        return [self.read(i) for i in np.asarray(indices, np.int64).tolist()]
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for i in range(len(self)):
+            yield self.read(i)
+
+    def close(self) -> None:
+        self.view.release()
+        if isinstance(self.data, mmap.mmap):
+            self.data.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class ColumnarShardReader:
+    """Parquet (by row group) and Arrow IPC (memory-mapped record batches)."""
+
+    def __init__(self, path: str, fmt: str, expected_bytes: int | None = None, verify: bool = True):
+        self.path = path
+        try:
+            if expected_bytes is not None and os.path.getsize(path) != expected_bytes:
+                raise ShardError(path, f"shard has {os.path.getsize(path)} bytes but the index says "
+                                       f"{expected_bytes} (truncated, replaced or index mismatch)")
+            if fmt == "parquet":
+                self._pf = pq.ParquetFile(path, page_checksum_verification=verify)
+                md = self._pf.metadata
+                sizes = [md.row_group(g).num_rows for g in range(md.num_row_groups)]
+                self._batches = None
+                schema = self._pf.schema_arrow
+            else:
+                self._src = pa.memory_map(path, "r")
+                self._pf = None
+                reader = pa.ipc.open_file(self._src)
+                self._batches = [reader.get_batch(b) for b in range(reader.num_record_batches)]
+                sizes = [b.num_rows for b in self._batches]
+                schema = reader.schema
+        except FileNotFoundError as e:
+            raise ShardError(path, "shard is missing (no such file)") from e
+        except (pa.ArrowInvalid, pa.ArrowException, OSError) as e:
+            raise ShardError(path, f"{fmt} shard is unreadable: {e}") from e
+        self.group_start = np.zeros(len(sizes) + 1, np.int64)
+        np.cumsum(sizes, out=self.group_start[1:])
+        self.fields = [n for n in schema.names if n != "__key__"]
+        self._cached: tuple[int, dict] | None = None
+
+    def __len__(self) -> int:
+        return int(self.group_start[-1])
+
+    def _group(self, g: int) -> dict[str, list]:
+        if self._cached is not None and self._cached[0] == g:
+            return self._cached[1]
+        try:
+            batch = self._pf.read_row_group(g) if self._pf is not None else self._batches[g]
+            cols = {name: batch.column(name).to_pylist() for name in batch.schema.names}
+        except (pa.ArrowException, OSError) as e:
+            raise ShardError(self.path, f"row group {g} is unreadable: {e}") from e
+        self._cached = (g, cols)
+        return cols
+
+    def read(self, i: int) -> dict[str, Any]:
+        if not 0 <= i < len(self):
+            raise IndexError(f"sample {i} out of range for shard {self.path} of {len(self)} samples")
+        g = int(np.searchsorted(self.group_start, i, side="right") - 1)
+        cols = self._group(g)
+        j = i - int(self.group_start[g])
+        return {name: col[j] for name, col in cols.items()}
+
+    def read_many(self, indices) -> list[dict[str, Any]]:
+        return [self.read(i) for i in np.asarray(indices, np.int64).tolist()]
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for i in range(len(self)):
+            yield self.read(i)
+
+    def close(self) -> None:
+        self._batches = None
+        self._cached = None
+        if self._pf is None:
+            self._src.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def open_shard(index, i: int, path: str | None = None, verify: bool = True):
+    """A reader for shard ``i`` of ``index`` (``path`` overrides where it lives,
+    e.g. a cached local copy)."""
+    info = index.shard(i)
+    path = path or index.path(i)
+    if info.format in ("parquet", "arrow"):
+        return ColumnarShardReader(path, info.format, expected_bytes=info.bytes, verify=verify)
+    reader = TarShardReader(path, info.format, table=index.tables.get(i), expected_bytes=info.bytes,
+                            verify=verify)
+    if len(reader) != info.samples:
+        reader.close()
+        raise ShardError(path, f"shard holds {len(reader)} samples but the index says {info.samples}")
+    return reader
+
+
+def verify_shard(index, i: int, path: str | None = None) -> None:
+    """Check the shard's size, content hash, offsets and every sample checksum."""
+    info = index.shard(i)
+    path = path or index.path(i)
+    if not os.path.exists(path):
+        raise ShardError(path, "shard is missing (no such file)")
+    actual = hash_file(path)
+    if actual != info.hash:
+        raise ShardError(path, f"content hash {actual} does not match the index's {info.hash}")
+    with open_shard(index, i, path) as r:
+        for j in range(len(r)):
+            r.read(j)

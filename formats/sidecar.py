@@ -1,0 +1,178 @@
+"""Per-shard sample tables ("sidecars"): each sample's key, its members' byte
+ranges and a checksum of its payload bytes.
+
+A sidecar sits beside its shard (``shard-000000.tar`` ->
+``shard-000000.tar.idx``), so opening one shard reads one small file and no
+file grows with the dataset. It is an Arrow IPC file: flat int64 columns map
+straight onto numpy without per-sample Python objects.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import xxhash
+
+from shardfeed.formats.errors import ShardError
+from shardfeed.formats.tar import list_members, split_name
+
+SIDECAR_SUFFIX = ".idx"
+SIDECAR_VERSION = 1
+
+
+def sample_checksum(parts) -> int:
+    """xxh3-64 of a sample's payloads in member order (streamed, no copy)."""
+    h = xxhash.xxh3_64()
+    for p in parts:
+        h.update(p)
+    return h.intdigest()
+
+
+@dataclass
+class SampleTable:
+    """Samples of one tar shard, as flat arrays.
+
+    Sample ``i`` owns members ``member_start[i]:member_start[i+1]``; member ``j``
+    is field ``fields[member_field[j]]`` at bytes ``offset[j]:offset[j]+size[j]``
+    of the (decompressed) tar stream.
+    """
+
+    keys: list[str]
+    member_start: np.ndarray  # int64, len = samples + 1
+    offset: np.ndarray  # int64, len = members
+    size: np.ndarray  # int64
+    member_field: np.ndarray  # int16
+    fields: list[str]
+    checksum: np.ndarray  # uint64, len = samples
+    shard_bytes: int = -1
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def validate(self, shard: str, stream_bytes: int) -> None:
+        """Untrusted sidecar: every range must lie inside the shard."""
+        n, m = len(self.keys), len(self.offset)
+        if self.member_start.shape != (n + 1,) or self.checksum.shape != (n,):
+            raise ShardError(shard, "sidecar arrays disagree in length (corrupt sidecar)")
+        if self.member_start[0] != 0 or self.member_start[-1] != m or np.any(np.diff(self.member_start) < 0):
+            raise ShardError(shard, "sidecar member table is not monotonic (corrupt sidecar)")
+        if m and (self.offset.min() < 0 or self.size.min() < 0
+                  or int((self.offset + self.size).max()) > stream_bytes):
+            raise ShardError(shard, f"sidecar names bytes beyond the shard's {stream_bytes} (stale or corrupt)")
+        if m and (self.member_field.min() < 0 or self.member_field.max() >= len(self.fields)):
+            raise ShardError(shard, "sidecar field ids out of range (corrupt sidecar)")
+
+
+def table_from_members(members, shard: str, buf) -> SampleTable:
+    """Group (name, offset, size) members into samples, WebDataset's way:
+    consecutive members with the same key form one sample."""
+    keys: list[str] = []
+    starts = [0]
+    offs, sizes, fids = [], [], []
+    field_ids: dict[str, int] = {}
+    seen: set[str] = set()
+    current = None
+    mv = memoryview(buf)
+    checks = []
+    for name, off, size in members:
+        kx = split_name(name)
+        if kx is None:
+            continue  # no extension: not a sample field (WebDataset skips these too)
+        key, ext = kx
+        if key != current:
+            if current is not None:
+                starts.append(len(offs))
+                checks.append(sample_checksum(mv[o:o + s] for o, s in zip(offs[starts[-2]:], sizes[starts[-2]:])))
+            keys.append(key)
+            current = key
+            seen = set()
+        if ext in seen:
+            raise ShardError(shard, f"sample {key!r} has two {ext!r} members")
+        seen.add(ext)
+        fid = field_ids.setdefault(ext, len(field_ids))
+        offs.append(off)
+        sizes.append(size)
+        fids.append(fid)
+    if current is not None:
+        starts.append(len(offs))
+        checks.append(sample_checksum(mv[o:o + s] for o, s in zip(offs[starts[-2]:], sizes[starts[-2]:])))
+    return SampleTable(
+        keys=keys,
+        member_start=np.asarray(starts, np.int64),
+        offset=np.asarray(offs, np.int64),
+        size=np.asarray(sizes, np.int64),
+        member_field=np.asarray(fids, np.int16),
+        fields=list(field_ids),
+        checksum=np.asarray(checks, np.uint64),
+        shard_bytes=len(buf),
+    )
+
+
+def scan_tar(buf, shard: str) -> SampleTable:
+    """Index a tar held in memory (an mmap or decompressed bytes) by scanning it once."""
+    arr = np.frombuffer(buf, dtype=np.uint8)
+    return table_from_members(list_members(arr, shard), shard, buf)
+
+
+def write_sidecar(path: str, table: SampleTable, shard_bytes: int, shard_hash: str) -> None:
+    """Atomically write ``path`` (temp file, then rename)."""
+    ms = table.member_start
+    n = len(table.keys)
+    schema_meta = {
+        b"shardfeed.sidecar": json.dumps({
+            "version": SIDECAR_VERSION, "fields": table.fields,
+            "shard_bytes": shard_bytes, "shard_hash": shard_hash, "members": int(len(table.offset)),
+        }).encode(),
+    }
+    # Two tables would need two files; pad the member columns to one length
+    # instead by storing them as list arrays over the flat values.
+    offsets = pa.array(ms.astype(np.int32) if ms[-1] < 2**31 else ms, )
+    list_type = pa.ListArray if offsets.type == pa.int32() else pa.LargeListArray
+    tbl = pa.table({
+        "key": pa.array(table.keys, pa.string()),
+        "checksum": pa.array(table.checksum, pa.uint64()),
+        "offset": list_type.from_arrays(offsets, pa.array(table.offset, pa.int64())),
+        "size": list_type.from_arrays(offsets, pa.array(table.size, pa.int64())),
+        "field": list_type.from_arrays(offsets, pa.array(table.member_field, pa.int16())),
+    }).replace_schema_metadata(schema_meta)
+    if tbl.num_rows != n:
+        raise AssertionError("sidecar row count")
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, tbl.schema) as w:
+        w.write_table(tbl)
+    os.replace(tmp, path)
+
+
+def read_sidecar(path: str, shard: str) -> tuple[SampleTable, dict]:
+    """Load a sidecar; raises ShardError naming the shard when it is unreadable."""
+    try:
+        with pa.memory_map(path, "r") as src:
+            tbl = pa.ipc.open_file(src).read_all()
+    except FileNotFoundError:
+        raise
+    except (pa.ArrowInvalid, OSError) as e:
+        raise ShardError(shard, f"sidecar {os.path.basename(path)} is unreadable: {e}") from e
+    try:
+        meta = json.loads(tbl.schema.metadata[b"shardfeed.sidecar"])
+        if meta.get("version") != SIDECAR_VERSION:
+            raise ShardError(shard, f"sidecar version {meta.get('version')!r} is not {SIDECAR_VERSION}")
+        off = tbl.column("offset").combine_chunks()
+        table = SampleTable(
+            keys=tbl.column("key").to_pylist(),
+            member_start=off.offsets.to_numpy().astype(np.int64),
+            offset=off.values.to_numpy().astype(np.int64, copy=False),
+            size=tbl.column("size").combine_chunks().values.to_numpy().astype(np.int64, copy=False),
+            member_field=tbl.column("field").combine_chunks().values.to_numpy().astype(np.int16, copy=False),
+            fields=list(meta["fields"]),
+            checksum=tbl.column("checksum").to_numpy().astype(np.uint64, copy=False),
+            shard_bytes=int(meta["shard_bytes"]),
+        )
+    except ShardError:
+        raise
+    except (KeyError, ValueError, TypeError, pa.ArrowException) as e:
+        raise ShardError(shard, f"sidecar {os.path.basename(path)} is malformed: {e}") from e
+    return table, meta
