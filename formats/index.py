@@ -144,26 +144,41 @@ def write_index(root: str, shards: Iterable[ShardInfo], fields: Sequence[str] = 
 
 
 def _read_index_file(path: str, root: str) -> tuple[dict, list]:
+    from shardfeed.formats.sidecar import read_arrow_file
+
     try:
-        with pa.memory_map(path, "r") as src:
-            tbl = pa.ipc.open_file(src).read_all()
-        meta = json.loads(tbl.schema.metadata[b"shardfeed.index"])
-    except (pa.ArrowInvalid, OSError, KeyError, TypeError, ValueError) as e:
-        raise ShardError(path, f"index is unreadable ({e}); rebuild it with `shardfeed convert`") from e
+        tbl = read_arrow_file(path, path, "index")
+    except FileNotFoundError as e:
+        raise ShardError(path, "index vanished while opening it") from e
+    try:
+        meta = json.loads((tbl.schema.metadata or {})[b"shardfeed.index"])
+        if not isinstance(meta, dict):
+            raise ValueError("metadata is not an object")
+    except (KeyError, TypeError, ValueError) as e:
+        raise ShardError(path, f"index metadata is unreadable ({e}); rebuild it with `shardfeed convert`") from e
     if meta.get("version") != INDEX_VERSION:
         raise ShardError(path, f"index version {meta.get('version')!r} is not {INDEX_VERSION}")
+    if not isinstance(meta.get("log_seq", 0), int) or not isinstance(meta.get("fields", []), list):
+        raise ShardError(path, "index metadata has a bad log_seq or fields entry (broken index)")
     try:
         fmt = tbl.column("format").combine_chunks()
         if pa.types.is_dictionary(fmt.type):
             fmt = fmt.dictionary_decode()
-        cols = [tbl.column("name").to_pylist(), fmt.to_pylist(), tbl.column("samples").to_numpy(),
-                tbl.column("bytes").to_numpy(), tbl.column("hash").to_pylist()]
+        cols = [tbl.column("name"), fmt, tbl.column("samples"), tbl.column("bytes"), tbl.column("hash")]
     except (KeyError, pa.ArrowException) as e:
         raise ShardError(path, f"index lacks a column ({e}) (broken index)") from e
-    for name, f in zip(cols[0], cols[1]):
+    want = [pa.string(), pa.string(), pa.int64(), pa.int64(), pa.string()]
+    for c, t, label in zip(cols, want, ("name", "format", "samples", "bytes", "hash")):
+        if c.type != t or c.null_count:
+            raise ShardError(path, f"index column {label!r} is {c.type} with {c.null_count} nulls; "
+                                   f"expected {t} without nulls (broken index)")
+    cols = [cols[0].to_pylist(), cols[1].to_pylist(), cols[2].to_numpy(), cols[3].to_numpy(),
+            cols[4].to_pylist()]
+    for name in cols[0]:
         check_shard_name(name, path)
-        if f not in FORMATS:
-            raise ShardError(path, f"shard {name!r} has unknown format {f!r}")
+    bad = set(cols[1]) - set(FORMATS)
+    if bad:
+        raise ShardError(path, f"index names unknown shard formats {sorted(bad)!r} (expected {FORMATS})")
     return meta, cols
 
 

@@ -93,12 +93,22 @@ class TarShardReader:
                 raise ShardError(path, f"shard has {actual} bytes but the index says {expected_bytes} "
                                        "(truncated, replaced or index mismatch)")
         self.data = load_tar_stream(path, fmt)
-        if table is None:
-            try:
-                table, _ = read_sidecar(path + SIDECAR_SUFFIX, path)
-            except FileNotFoundError:
-                table = scan_tar(self.data, path)  # a foreign tar: index it once
-        table.validate(path, len(self.data))
+        try:
+            if table is None:
+                try:
+                    table, meta = read_sidecar(path + SIDECAR_SUFFIX, path)
+                except FileNotFoundError:
+                    table = scan_tar(self.data, path)  # a foreign tar: index it once
+                else:
+                    on_disk = os.path.getsize(path)
+                    if meta["shard_bytes"] != on_disk:
+                        raise ShardError(path, f"sidecar describes a shard of {meta['shard_bytes']} bytes but "
+                                               f"the shard has {on_disk} (stale sidecar or replaced shard)")
+            table.validate(path, len(self.data))
+        except BaseException:
+            if isinstance(self.data, mmap.mmap):
+                self.data.close()
+            raise
         self.table = table
         self.view = memoryview(self.data)
         self.fields = table.fields
@@ -150,10 +160,18 @@ class TarShardReader:
 
 
 class ColumnarShardReader:
-    """Parquet (by row group) and Arrow IPC (memory-mapped record batches)."""
+    """Parquet (by row group) and Arrow IPC (memory-mapped record batches).
+
+    Random access pulls one row out of a cached Arrow batch (no whole-group
+    Python conversion); iteration converts a group at a time. Every batch is
+    fully validated before its values are touched: the file is untrusted and
+    Arrow follows its offsets blindly.
+    """
 
     def __init__(self, path: str, fmt: str, expected_bytes: int | None = None, verify: bool = True):
         self.path = path
+        self._pf = None
+        self._src = None
         try:
             if expected_bytes is not None and os.path.getsize(path) != expected_bytes:
                 raise ShardError(path, f"shard has {os.path.getsize(path)} bytes but the index says "
@@ -162,58 +180,72 @@ class ColumnarShardReader:
                 self._pf = pq.ParquetFile(path, page_checksum_verification=verify)
                 md = self._pf.metadata
                 sizes = [md.row_group(g).num_rows for g in range(md.num_row_groups)]
-                self._batches = None
                 schema = self._pf.schema_arrow
-            else:
+            elif fmt == "arrow":
                 self._src = pa.memory_map(path, "r")
-                self._pf = None
-                reader = pa.ipc.open_file(self._src)
-                self._batches = [reader.get_batch(b) for b in range(reader.num_record_batches)]
-                sizes = [b.num_rows for b in self._batches]
-                schema = reader.schema
+                self._ipc = pa.ipc.open_file(self._src)
+                sizes = [self._ipc.get_batch(b).num_rows for b in range(self._ipc.num_record_batches)]
+                schema = self._ipc.schema
+            else:
+                raise ShardError(path, f"format {fmt!r} is not a columnar format (parquet, arrow)")
         except FileNotFoundError as e:
+            self.close()
             raise ShardError(path, "shard is missing (no such file)") from e
-        except (pa.ArrowInvalid, pa.ArrowException, OSError) as e:
+        except (pa.ArrowException, OSError, ValueError) as e:
+            self.close()
             raise ShardError(path, f"{fmt} shard is unreadable: {e}") from e
+        except ShardError:
+            self.close()
+            raise
+        if any(n < 0 for n in sizes):
+            self.close()
+            raise ShardError(path, "negative row count in shard metadata (corrupt shard)")
         self.group_start = np.zeros(len(sizes) + 1, np.int64)
         np.cumsum(sizes, out=self.group_start[1:])
         self.fields = [n for n in schema.names if n != "__key__"]
-        self._cached: tuple[int, dict] | None = None
+        self._cached: tuple[int, pa.RecordBatch] | None = None
 
     def __len__(self) -> int:
         return int(self.group_start[-1])
 
-    def _group(self, g: int) -> dict[str, list]:
+    def _group(self, g: int) -> pa.RecordBatch | pa.Table:
         if self._cached is not None and self._cached[0] == g:
             return self._cached[1]
         try:
-            batch = self._pf.read_row_group(g) if self._pf is not None else self._batches[g]
-            cols = {name: batch.column(name).to_pylist() for name in batch.schema.names}
-        except (pa.ArrowException, OSError) as e:
+            batch = self._pf.read_row_group(g) if self._pf is not None else self._ipc.get_batch(g)
+            batch.validate(full=True)
+            if batch.num_rows != self.group_start[g + 1] - self.group_start[g]:
+                raise ValueError(f"holds {batch.num_rows} rows, metadata says "
+                                 f"{self.group_start[g + 1] - self.group_start[g]}")
+        except (pa.ArrowException, OSError, ValueError) as e:
             raise ShardError(self.path, f"row group {g} is unreadable: {e}") from e
-        self._cached = (g, cols)
-        return cols
+        self._cached = (g, batch)
+        return batch
 
     def read(self, i: int) -> dict[str, Any]:
         if not 0 <= i < len(self):
             raise IndexError(f"sample {i} out of range for shard {self.path} of {len(self)} samples")
         g = int(np.searchsorted(self.group_start, i, side="right") - 1)
-        cols = self._group(g)
+        batch = self._group(g)
         j = i - int(self.group_start[g])
-        return {name: col[j] for name, col in cols.items()}
+        return {name: batch.column(k)[j].as_py() for k, name in enumerate(batch.schema.names)}
 
     def read_many(self, indices) -> list[dict[str, Any]]:
         return [self.read(i) for i in np.asarray(indices, np.int64).tolist()]
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        for i in range(len(self)):
-            yield self.read(i)
+        for g in range(len(self.group_start) - 1):
+            yield from self._group(g).to_pylist()
 
     def close(self) -> None:
-        self._batches = None
         self._cached = None
-        if self._pf is None:
+        self._ipc = None
+        if self._src is not None:
             self._src.close()
+            self._src = None
+        if self._pf is not None and hasattr(self._pf, "close"):
+            self._pf.close()
+        self._pf = None
 
     def __enter__(self):
         return self

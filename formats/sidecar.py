@@ -147,32 +147,75 @@ def write_sidecar(path: str, table: SampleTable, shard_bytes: int, shard_hash: s
     os.replace(tmp, path)
 
 
-def read_sidecar(path: str, shard: str) -> tuple[SampleTable, dict]:
-    """Load a sidecar; raises ShardError naming the shard when it is unreadable."""
+def _expected_schema(list_type) -> pa.Schema:
+    return pa.schema([("key", pa.string()), ("checksum", pa.uint64()), ("offset", list_type(pa.int64())),
+                      ("size", list_type(pa.int64())), ("field", list_type(pa.int16()))])
+
+
+SIDECAR_SCHEMAS = (_expected_schema(pa.list_), _expected_schema(pa.large_list))
+
+
+def read_arrow_file(path: str, shard: str, what: str) -> pa.Table:
+    """An untrusted Arrow IPC file, fully validated before any value is touched.
+
+    Arrow trusts its buffers' offsets; a flipped byte in a string offset would
+    otherwise read outside the mapping. ``validate(full=True)`` checks every
+    offset and length first (O(bytes), once per open).
+    """
     try:
         with pa.memory_map(path, "r") as src:
             tbl = pa.ipc.open_file(src).read_all()
+        tbl.validate(full=True)
+        return tbl
     except FileNotFoundError:
         raise
-    except (pa.ArrowInvalid, OSError) as e:
-        raise ShardError(shard, f"sidecar {os.path.basename(path)} is unreadable: {e}") from e
+    except (pa.ArrowException, OSError, ValueError) as e:
+        raise ShardError(shard, f"{what} {os.path.basename(path)} is unreadable: {e}") from e
+
+
+def read_sidecar(path: str, shard: str) -> tuple[SampleTable, dict]:
+    """Load a sidecar; raises ShardError naming the shard when it is unreadable
+    (FileNotFoundError passes through: a missing sidecar means "scan the tar")."""
+    tbl = read_arrow_file(path, shard, "sidecar")
+    name = os.path.basename(path)
+    if not any(tbl.schema.equals(s) for s in SIDECAR_SCHEMAS):
+        raise ShardError(shard, f"sidecar {name} has an unexpected schema (corrupt sidecar): {tbl.schema}")
     try:
-        meta = json.loads(tbl.schema.metadata[b"shardfeed.sidecar"])
+        meta = json.loads((tbl.schema.metadata or {})[b"shardfeed.sidecar"])
+        if not isinstance(meta, dict):
+            raise ValueError("metadata is not an object")
         if meta.get("version") != SIDECAR_VERSION:
             raise ShardError(shard, f"sidecar version {meta.get('version')!r} is not {SIDECAR_VERSION}")
+        fields = meta["fields"]
+        if not isinstance(fields, list) or not all(isinstance(f, str) for f in fields):
+            raise ValueError(f"fields {fields!r} is not a list of names")
+        shard_bytes = meta["shard_bytes"]
+        if not isinstance(shard_bytes, int) or shard_bytes < 0:
+            raise ValueError(f"shard_bytes {shard_bytes!r} is not a byte count")
         off = tbl.column("offset").combine_chunks()
+        size = tbl.column("size").combine_chunks()
+        field = tbl.column("field").combine_chunks()
+        starts = off.offsets.to_numpy().astype(np.int64)
+        if not (np.array_equal(starts, size.offsets.to_numpy()) and np.array_equal(starts, field.offsets.to_numpy())):
+            raise ValueError("offset/size/field lists disagree")
+        if off.null_count or size.null_count or field.null_count or tbl.column("key").null_count \
+                or tbl.column("checksum").null_count:
+            raise ValueError("null entries")
+        # Sliced list arrays carry a base offset; the flat values start there.
+        base = int(starts[0]) if len(starts) else 0
+        m = int(starts[-1]) - base if len(starts) else 0
         table = SampleTable(
             keys=tbl.column("key").to_pylist(),
-            member_start=off.offsets.to_numpy().astype(np.int64),
-            offset=off.values.to_numpy().astype(np.int64, copy=False),
-            size=tbl.column("size").combine_chunks().values.to_numpy().astype(np.int64, copy=False),
-            member_field=tbl.column("field").combine_chunks().values.to_numpy().astype(np.int16, copy=False),
-            fields=list(meta["fields"]),
+            member_start=starts - base,
+            offset=off.values.to_numpy()[base:base + m].astype(np.int64, copy=False),
+            size=size.values.to_numpy()[base:base + m].astype(np.int64, copy=False),
+            member_field=field.values.to_numpy()[base:base + m].astype(np.int16, copy=False),
+            fields=list(fields),
             checksum=tbl.column("checksum").to_numpy().astype(np.uint64, copy=False),
-            shard_bytes=int(meta["shard_bytes"]),
+            shard_bytes=shard_bytes,
         )
     except ShardError:
         raise
-    except (KeyError, ValueError, TypeError, pa.ArrowException) as e:
-        raise ShardError(shard, f"sidecar {os.path.basename(path)} is malformed: {e}") from e
+    except (KeyError, ValueError, TypeError, AttributeError, pa.ArrowException) as e:
+        raise ShardError(shard, f"sidecar {name} is malformed: {e}") from e
     return table, meta

@@ -51,8 +51,14 @@ END_OF_ARCHIVE = b"\0" * (2 * BLOCK)
 def _parse_octal(buf, start, length):
     # GNU base-256 for sizes >= 8 GiB: high bit of the first byte set.
     if buf[start] & 0x80:
-        v = np.int64(buf[start] & 0x7F)
+        # Only 8 bytes fit an int64: longer values with leading non-zero
+        # bytes would overflow, so they are rejected as unreadable (-1).
+        if buf[start] & 0x40:
+            return np.int64(-1)  # negative base-256 (a GNU extension for mtimes, never a size)
+        v = np.int64(buf[start] & 0x3F)
         for i in range(start + 1, start + length):
+            if v >= (np.int64(1) << 55):
+                return np.int64(-1)
             v = (v << 8) | np.int64(buf[i])
         return v
     v = np.int64(0)
@@ -86,19 +92,25 @@ def _scan(buf, out_hdr, out_size, out_type):
             return count, _OK, pos
         stored = _parse_octal(buf, pos + 148, 8)
         s = np.int64(0)
+        signed = np.int64(0)  # some old writers summed signed chars; tarfile accepts both
         for i in range(pos, pos + BLOCK):
             if pos + 148 <= i < pos + 156:
                 s += 32
+                signed += 32
             else:
-                s += buf[i]
-        if stored != s:
+                c = np.int64(buf[i])
+                s += c
+                signed += c - 256 if c > 127 else c
+        if stored != s and stored != signed:
             return count, _BAD_CHECKSUM, pos
         size = _parse_octal(buf, pos + 124, 12)
         if size < 0:
             return count, _BAD_SIZE, pos
-        data_end = pos + BLOCK + size
-        if data_end > n:
+        # Compare against the room left rather than computing pos + size: a
+        # hostile base-256 size near 2**63 would overflow and walk backwards.
+        if size > n - pos - BLOCK:
             return count, _MEMBER_PAST_END, pos
+        data_end = pos + BLOCK + size
         if count >= out_hdr.shape[0]:
             return count, -1, pos  # caller grows the arrays and resumes
         out_hdr[count] = pos

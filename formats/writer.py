@@ -56,7 +56,7 @@ class _TarShard:
         self.tmp = f"{path}.tmp-{os.getpid()}"
         self.file = open(self.tmp, "wb")
         self.hasher = xxhash.xxh3_128()
-        self.zstd = zstandard.ZstdCompressor(level=3).compressobj() if compression == "zstd" else None
+        self.zstd = zstandard.ZstdCompressor(level=3, write_checksum=True).compressobj() if compression == "zstd" else None
         self.pos = 0  # position in the uncompressed tar stream
         self.disk_bytes = 0
         self.keys: list[str] = []
@@ -93,6 +93,10 @@ class _TarShard:
     @property
     def approx_bytes(self) -> int:
         return self.pos
+
+    @property
+    def count(self) -> int:
+        return len(self.keys)
 
     def finish(self) -> tuple[str, int, str, int]:
         self._emit(END_OF_ARCHIVE)
@@ -228,6 +232,10 @@ class ShardWriter:
         if has_data and not append:
             raise ShardError(self.root, "a dataset already exists here; pass append=True to add to it "
                                         "or write to a new folder")
+        if append:
+            # The log folder marks a live dataset: open_index sees an empty one
+            # before the first shard is published.
+            os.makedirs(os.path.join(self.root, LOG_DIR), exist_ok=True)
         # Appending writers name shards uniquely so concurrent writers never collide.
         self._tag = f"{time.time_ns():x}-{os.getpid()}-" if append else ""
         self.shards: list[ShardInfo] = []
@@ -265,8 +273,7 @@ class ShardWriter:
         self._current.add(key, fields)
         self.samples_written += 1
         if (self._current.approx_bytes >= self.max_shard_bytes
-                or (self.max_shard_samples and len(getattr(self._current, "keys", ())) + getattr(
-                    self._current, "count", 0) >= self.max_shard_samples)):
+                or (self.max_shard_samples and self._current.count >= self.max_shard_samples)):
             self._finish_shard()
 
     def _finish_shard(self) -> None:
