@@ -53,6 +53,69 @@ def _decompress(stream, path: str, limit: int) -> bytes:
                                    "SHARDFEED_MAX_DECOMPRESSED_BYTES if this shard is genuine")
 
 
+_ZSTD_MAGIC = 0xFD2FB528
+
+
+def check_zstd_frames(buf, path: str) -> None:
+    """Walk the frame and block headers of a zstd file; raise on a cut or a
+    malformed frame.
+
+    Why: zstandard's stream reader returns a truncated frame's bytes without
+    complaint, and a cut at a block boundary then looks like a shorter, valid
+    tar. Frame-at-a-time decompressobj() would notice, but cannot bound its
+    output (one call may inflate a few KiB into GiB). So the structure is
+    checked here (a 3-byte header per <=128 KiB block: ~2,000 per 256 MiB
+    shard) and the bytes are then decoded by the bounded stream reader.
+    """
+    n = len(buf)
+    pos = 0
+    if n == 0:
+        raise ShardError(path, "zstd frame error: the file is empty (truncated shard)")
+    while pos < n:
+        if n - pos < 8:
+            raise ShardError(path, f"zstd frame error: {n - pos} stray bytes at {pos} (truncated frame)")
+        magic = int.from_bytes(buf[pos:pos + 4], "little")
+        if magic & 0xFFFFFFF0 == 0x184D2A50:  # skippable frame
+            size = int.from_bytes(buf[pos + 4:pos + 8], "little")
+            if pos + 8 + size > n:
+                raise ShardError(path, f"zstd frame error: skippable frame at {pos} runs past the end")
+            pos += 8 + size
+            continue
+        if magic != _ZSTD_MAGIC:
+            raise ShardError(path, f"zstd frame error: no zstd magic number at byte {pos}")
+        fhd = buf[pos + 4]
+        single = (fhd >> 5) & 1
+        fcs = (0, 2, 4, 8)[fhd >> 6] or single
+        if fhd & 0x08:
+            raise ShardError(path, f"zstd frame error: reserved bit set in the frame header at {pos}")
+        pos += 5 + (0 if single else 1) + (0, 1, 2, 4)[fhd & 3] + fcs
+        while True:
+            if pos + 3 > n:
+                raise ShardError(path, "zstd frame error: the last frame is truncated (file cut short)")
+            bh = int.from_bytes(buf[pos:pos + 3], "little")
+            btype, bsize = (bh >> 1) & 3, bh >> 3
+            if btype == 3:
+                raise ShardError(path, f"zstd frame error: reserved block type at byte {pos}")
+            pos += 3 + (1 if btype == 1 else bsize)
+            if pos > n:
+                raise ShardError(path, "zstd frame error: the last frame is truncated (file cut short)")
+            if bh & 1:
+                break
+        pos += 4 if fhd & 0x04 else 0
+        if pos > n:
+            raise ShardError(path, "zstd frame error: the last frame's checksum is cut off (truncated)")
+
+
+def _decompress_zstd(path: str, limit: int) -> bytes:
+    with open(path, "rb") as raw:
+        if os.fstat(raw.fileno()).st_size == 0:
+            raise ShardError(path, "zstd frame error: the file is empty (truncated shard)")
+        with mmap.mmap(raw.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            check_zstd_frames(buf, path)
+        with zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True) as f:
+            return _decompress(f, path, limit)
+
+
 def load_tar_stream(path: str, fmt: str, limit: int | None = None):
     """The shard's tar bytes: an mmap for plain tar, decompressed bytes otherwise."""
     limit = MAX_DECOMPRESSED_BYTES if limit is None else limit
@@ -66,8 +129,7 @@ def load_tar_stream(path: str, fmt: str, limit: int | None = None):
             with gzip.open(path, "rb") as f:
                 return _decompress(f, path, limit)
         if fmt == "tar.zst":
-            with open(path, "rb") as raw, zstandard.ZstdDecompressor().stream_reader(raw) as f:
-                return _decompress(f, path, limit)
+            return _decompress_zstd(path, limit)
     except FileNotFoundError as e:
         raise ShardError(path, "shard is missing (no such file)") from e
     except (EOFError, gzip.BadGzipFile, zlib.error) as e:
@@ -119,11 +181,6 @@ class TarShardReader:
     def key(self, i: int) -> str:
         return self.table.keys[i]
 
-    def _check(self, i: int, parts) -> None:
-        if sample_checksum(parts) != int(self.table.checksum[i]):
-            raise ShardError(self.path, f"sample {i} ({self.table.keys[i]!r}) fails its checksum "
-                                        "(bytes damaged on disk)")
-
     def read(self, i: int) -> dict[str, Any]:
         """Sample ``i`` as ``{"__key__": key, ext: bytes}``."""
         n = len(self.table)
@@ -133,8 +190,11 @@ class TarShardReader:
         a, b = int(t.member_start[i]), int(t.member_start[i + 1])
         mv = self.view
         parts = [mv[o:o + s] for o, s in zip(t.offset[a:b].tolist(), t.size[a:b].tolist())]
-        if self.verify:
-            self._check(i, parts)
+        if self.verify and sample_checksum(parts) != int(t.checksum[i]):
+            for p in parts:  # a traceback keeps this frame alive: let close() unmap
+                p.release()
+            raise ShardError(self.path, f"sample {i} ({t.keys[i]!r}) fails its checksum "
+                                        "(bytes damaged on disk)")
         sample: dict[str, Any] = {"__key__": t.keys[i]}
         for f, p in zip(t.member_field[a:b].tolist(), parts):
             sample[t.fields[f]] = bytes(p)
@@ -148,9 +208,14 @@ class TarShardReader:
             yield self.read(i)
 
     def close(self) -> None:
+        """Safe to call twice. If a caller still holds a view into the map,
+        the map is left for the garbage collector instead of failing."""
         self.view.release()
         if isinstance(self.data, mmap.mmap):
-            self.data.close()
+            try:
+                self.data.close()
+            except BufferError:
+                pass
 
     def __enter__(self):
         return self

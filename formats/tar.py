@@ -118,8 +118,10 @@ def _scan(buf, out_hdr, out_size, out_type):
         out_type[count] = buf[pos + 156]
         count += 1
         pos = data_end + ((BLOCK - size % BLOCK) % BLOCK)
-    if pos < n:
-        return count, _TRUNCATED_HEADER, pos
+    if pos != n:
+        # pos < n: a partial header; pos > n: the file ends inside the last
+        # member's padding. Either way the file was cut short.
+        return count, _TRUNCATED_HEADER, min(pos, n)
     return count, _OK, pos
 
 
@@ -151,7 +153,7 @@ def scan_headers(buf: np.ndarray, shard: str) -> tuple[np.ndarray, np.ndarray, n
         raise ShardError(shard, f"member at byte {pos} claims more bytes than the file's "
                                 f"{buf.shape[0]} (truncated shard)")
     if status == _TRUNCATED_HEADER:
-        raise ShardError(shard, f"file ends inside a tar header at byte {pos} (truncated shard)")
+        raise ShardError(shard, f"file ends inside a tar header or padding at byte {pos} (truncated shard)")
     if len(parts) == 1:
         return parts[0]
     return tuple(np.concatenate(p) for p in zip(*parts))  # type: ignore[return-value]
