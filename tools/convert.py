@@ -1,0 +1,124 @@
+"""`shardfeed convert SRC DST`: images, JSONL, CSV, Parquet or WebDataset tars -> a shardfeed dataset.
+
+Exit codes: 0 done; 2 bad input or options (the message names the file and
+the reason; nothing is published at DST); 130 interrupted (nothing published).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from shardfeed.tools.byte_sizes import human_bytes, parse_size
+
+_PARQUET_CODECS = ("none", "snappy", "gzip", "brotli", "lz4", "zstd")
+
+EPILOG = """\
+sources (detected from SRC, or --source-type):
+  images   a folder of class subfolders: ROOT/<class>/<name>.<jpg|png|...>; each image is a sample
+           {"__key__": "<class>/<name>", "<ext>": bytes, "cls": class index}; classes are the sorted
+           folder names, written to DST/classes.txt (line i = class i)
+  jsonl    .jsonl/.ndjson files (a file, a folder or a glob); one sample per line
+  csv      .csv files with a header row; one sample per row
+  parquet  .parquet files; one sample per row
+  tar      WebDataset tars (.tar, .tar.gz, .tgz, .tar.zst): a file, a folder or a glob; re-sharded
+  dataset  a shardfeed dataset folder (has index.arrow): re-sharded into another format or size
+
+rows -> samples (jsonl, csv, parquet):
+  --field COL=EXT stores column COL as field EXT, encoded by EXT (cls: int, txt: text, json,
+  npy, jpg/png/bin: bytes); COL=EXT:file reads the file the cell names (relative to the table's
+  folder), COL=EXT:base64 decodes the cell. Without --field, a JSONL/CSV row becomes one "json"
+  field holding the whole row and Parquet columns become fields of the same name. The key is
+  --key-column, else a "__key__" column, else the row number in the source (%010d).
+
+examples:
+  shardfeed convert photos/ data/photos --max-shard-bytes 256MB --shuffle-seed 0 --processes 2
+  shardfeed convert captions.jsonl data/caps --field image=jpg:file --field caption=txt --key-column id
+  shardfeed convert 'wds/*.tar.gz' data/parquet --format parquet --compression zstd
+"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = __doc__.splitlines()[0]
+    p.epilog = EPILOG
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.add_argument("src", metavar="SRC", help="input: folder, file or glob pattern (quote it)")
+    p.add_argument("dst", metavar="DST", help="output dataset folder (must not exist unless --overwrite)")
+    p.add_argument("--source-type", choices=("images", "jsonl", "csv", "parquet", "tar", "dataset"),
+                   help="override the detected input kind")
+    p.add_argument("--format", choices=("tar", "parquet", "arrow"), default="tar", help="shard format (tar)")
+    p.add_argument("--max-shard-bytes", default="256MiB", metavar="SIZE",
+                   help="start a new shard past this size; 256MB = 256e6, 1GiB = 2**30 (256MiB)")
+    p.add_argument("--max-shard-samples", type=int, metavar="N", help="at most N samples per shard")
+    p.add_argument("--compression", metavar="CODEC",
+                   help="tar: zstd (.tar.zst); parquet: " + ", ".join(_PARQUET_CODECS) + "; arrow: none")
+    p.add_argument("--processes", type=int, default=1, metavar="N",
+                   help="write N parts in parallel processes (same samples, order and shard names as 1)")
+    p.add_argument("--shuffle-seed", type=int, metavar="SEED",
+                   help="write samples in a random order fixed by SEED (fixes class-ordered inputs)")
+    p.add_argument("--field", action="append", metavar="COL=EXT[:file|:base64]",
+                   help="map a table column to a sample field (repeatable)")
+    p.add_argument("--key-column", metavar="COL", help="table column holding each sample's key")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing DST (swapped in at the end)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _options(args):
+    from shardfeed.tools.convert_job import ConvertOptions
+
+    try:
+        max_bytes = parse_size(args.max_shard_bytes)
+    except ValueError as e:
+        raise ValueError(f"--max-shard-bytes: {e}") from None
+    if args.max_shard_samples is not None and args.max_shard_samples <= 0:
+        raise ValueError(f"--max-shard-samples {args.max_shard_samples} must be a positive number of samples")
+    if args.processes < 1:
+        raise ValueError(f"--processes {args.processes} must be 1 or more")
+    comp = args.compression
+    if comp is not None and comp.lower() == "none":
+        comp = None
+    if args.format == "tar" and comp not in (None, "zstd"):
+        raise ValueError(f"--compression {comp!r} is not available for tar shards; use zstd or none")
+    if args.format == "arrow" and comp is not None:
+        raise ValueError("arrow shards are stored uncompressed so they can be memory-mapped; drop --compression")
+    if args.format == "parquet" and comp is not None and comp.lower() not in _PARQUET_CODECS:
+        raise ValueError(f"--compression {comp!r} is not a Parquet codec ({', '.join(_PARQUET_CODECS)})")
+    return ConvertOptions(format=args.format, max_shard_bytes=max_bytes, max_shard_samples=args.max_shard_samples,
+                          compression=comp.lower() if comp else None, processes=args.processes,
+                          shuffle_seed=args.shuffle_seed, overwrite=args.overwrite)
+
+
+def main(args) -> int:
+    from tqdm import tqdm
+
+    from shardfeed.formats import ShardError
+    from shardfeed.tools.convert_job import check_destination, convert
+    from shardfeed.tools.field_map import parse_field_specs
+    from shardfeed.tools.sources import open_source
+
+    try:
+        opts = _options(args)
+        specs = parse_field_specs(args.field)
+        check_destination(args.dst, opts.overwrite, args.src)
+        source = open_source(args.src, args.source_type, specs, args.key_column)
+    except (ValueError, ShardError) as e:
+        print(f"shardfeed convert: error: {e}", file=sys.stderr)
+        return 2
+    print(f"reading {args.src}: {source.describe()}", file=sys.stderr)
+    bar = tqdm(total=len(source), unit="sample", unit_scale=True, desc="convert", disable=args.quiet or None,
+               file=sys.stderr)
+    try:
+        result = convert(source, args.dst, opts, bar.update)
+    except ShardError as e:
+        bar.close()
+        print(f"shardfeed convert: error: {e}\nnothing was written to {args.dst}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        bar.close()
+        print(f"shardfeed convert: interrupted; nothing was written to {args.dst}", file=sys.stderr)
+        return 130
+    bar.close()
+    mb_s = result.bytes / 1e6 / max(result.seconds, 1e-9)
+    print(f"converted {result.samples:,} samples into {result.shards:,} {opts.format} shards, "
+          f"{human_bytes(result.bytes)} in {result.seconds:.2f} s ({mb_s:.1f} MB/s) -> {result.root}")
+    return 0

@@ -1,0 +1,233 @@
+"""Run a conversion: source samples -> one dataset folder with one index.
+
+Life of a conversion (nothing under DST's name until the very end):
+
+1. the output order is fixed: sample ids 0..n-1, or a permutation of them
+   with ``shuffle_seed``;
+2. the order is cut into ``processes`` contiguous parts (at multiples of
+   ``max_shard_samples`` when set, so shard boundaries match a 1-process run);
+   each part is written by its own ShardWriter into ``<stage>/part-NNN/``,
+   where the stage is a hidden sibling of DST (``.<name>.convert-<pid>``);
+3. the parts' shards are moved into the stage root and renamed
+   ``shard-000000...`` in output order, so the dataset's samples, their order
+   and shard names do not depend on the number of processes;
+4. class names and the one ``index.arrow`` covering every part are written
+   last, and the stage is renamed to DST (an existing DST, with overwrite,
+   is first moved aside and removed after the swap).
+
+Any error or Ctrl-C removes the stage: no partial dataset is ever published.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import re
+import shutil
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from shardfeed.formats import ShardError, ShardInfo, ShardWriter, codec_of, decode_field, write_index
+
+PART_PREFIX = "shard"
+_SHARD_NAME = re.compile(rf"^{PART_PREFIX}-\d+(\..+)$")  # ShardWriter's "shard-000012.tar.zst"
+BATCH = 256  # samples read per source call; also the progress granularity
+
+
+@dataclass
+class ConvertOptions:
+    format: str = "tar"
+    max_shard_bytes: int = 256 << 20
+    max_shard_samples: int | None = None
+    compression: str | None = None
+    processes: int = 1
+    shuffle_seed: int | None = None
+    overwrite: bool = False
+
+
+@dataclass
+class ConvertResult:
+    root: str
+    samples: int
+    shards: int
+    bytes: int
+    seconds: float
+    fields: list = field(default_factory=list)
+
+
+def output_order(n: int, shuffle_seed: int | None) -> np.ndarray:
+    if shuffle_seed is None:
+        return np.arange(n, dtype=np.int64)
+    return np.random.default_rng(shuffle_seed).permutation(n).astype(np.int64)
+
+
+def plan_parts(n: int, processes: int, max_shard_samples: int | None) -> list[tuple[int, int]]:
+    """Contiguous [start, stop) ranges of the output order, one per process."""
+    parts = max(1, min(processes, n))
+    unit = max_shard_samples or 1
+    blocks = -(-n // unit)
+    parts = min(parts, max(blocks, 1))
+    cuts = [min(n, (blocks * p // parts) * unit) for p in range(parts + 1)]
+    cuts[-1] = n
+    return [(a, b) for a, b in zip(cuts, cuts[1:]) if b > a] or [(0, 0)]
+
+
+def _typed_for_columnar(sample: dict, where: str) -> dict:
+    """Tar payloads of int and text fields become typed columns in Parquet/Arrow."""
+    out = {}
+    for ext, value in sample.items():
+        if isinstance(value, bytes) and not ext.startswith("__") and codec_of(ext) in ("int", "text"):
+            try:
+                value = decode_field(ext, value)
+            except (ValueError, UnicodeDecodeError) as e:
+                raise ShardError(where, f"sample {sample.get('__key__')!r} field {ext!r}: {e}") from None
+        out[ext] = value
+    return out
+
+
+def write_part(source, ids: np.ndarray, part_dir: str, opts: ConvertOptions,
+               report: Callable[[int], None]) -> tuple[list[ShardInfo], list[str]]:
+    """Write the samples ``ids`` (in this order) as shards under ``part_dir``."""
+    prev_key = None
+    with ShardWriter(part_dir, format=opts.format, max_shard_bytes=opts.max_shard_bytes,
+                     max_shard_samples=opts.max_shard_samples, compression=opts.compression,
+                     prefix=PART_PREFIX) as writer:
+        for start in range(0, len(ids), BATCH):
+            batch = ids[start:start + BATCH]
+            for sample in source.load_many(batch):
+                where = sample.pop("__src__", None) or source.describe()
+                key = sample.get("__key__")
+                if opts.format == "tar" and key == prev_key:
+                    # Readers group consecutive tar members by key: two samples would merge.
+                    raise ShardError(where, f"key {key!r} appears in two consecutive samples; make keys "
+                                            "unique (or pass --shuffle-seed to separate them)")
+                prev_key = key
+                if opts.format != "tar":
+                    sample = _typed_for_columnar(sample, where)
+                try:
+                    writer.write(sample)
+                except (ValueError, TypeError) as e:
+                    raise ShardError(where, f"sample {key!r}: {e}") from None
+            report(len(batch))
+    source.close()
+    return writer.shards, writer.fields
+
+
+# --- worker processes -------------------------------------------------------
+
+_progress_queue = None
+
+
+def _init_worker(q) -> None:
+    global _progress_queue
+    _progress_queue = q
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
+
+
+def _run_part(source, ids, part_dir, opts):
+    return write_part(source, ids, part_dir, opts, _progress_queue.put)
+
+
+def _write_parts(source, order, parts, stage, opts, progress) -> list[tuple[list[ShardInfo], list[str]]]:
+    dirs = [os.path.join(stage, f"part-{p:03d}") for p in range(len(parts))]
+    if len(parts) == 1:
+        return [write_part(source, order, dirs[0], opts, progress)]
+    # spawn, not fork: the parent may hold Arrow/numba thread pools, which fork does not copy safely.
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    pool = ctx.Pool(len(parts), initializer=_init_worker, initargs=(q,))
+    try:
+        pending = [pool.apply_async(_run_part, (source, order[a:b], d, opts)) for (a, b), d in zip(parts, dirs)]
+        while not all(r.ready() for r in pending):
+            try:
+                progress(q.get(timeout=0.1))
+            except queue.Empty:
+                pass
+            for r in pending:
+                if r.ready() and not r.successful():
+                    r.get()  # re-raises the worker's error here
+        while True:
+            try:
+                progress(q.get_nowait())
+            except queue.Empty:
+                break
+        results = [r.get() for r in pending]
+        pool.close()
+        return results
+    finally:
+        pool.terminate()
+        pool.join()
+
+
+def _publish(stage: str, dst: str, overwrite: bool) -> None:
+    if os.path.isdir(dst) and not os.listdir(dst):
+        os.rmdir(dst)
+    elif os.path.lexists(dst):
+        if not overwrite:  # checked up front too; a dataset may have appeared meanwhile
+            raise ShardError(dst, "already exists; pass --overwrite to replace it")
+        old = os.path.join(os.path.dirname(dst), f".{os.path.basename(dst)}.old-{os.getpid()}")
+        os.replace(dst, old)
+        os.replace(stage, dst)
+        shutil.rmtree(old) if os.path.isdir(old) else os.unlink(old)
+        return
+    os.replace(stage, dst)
+
+
+def check_destination(dst: str, overwrite: bool, src: str | None = None) -> None:
+    if "://" in dst:
+        raise ShardError(dst, "convert writes a local folder; upload the finished dataset afterwards")
+    if src is not None and "://" not in src and os.path.exists(src):
+        s, d = os.path.realpath(src), os.path.realpath(dst)
+        if s == d or s.startswith(d.rstrip(os.sep) + os.sep):
+            raise ShardError(dst, f"the source {src} lies inside the destination; write to another folder")
+    if os.path.lexists(dst) and not (os.path.isdir(dst) and not os.listdir(dst)) and not overwrite:
+        raise ShardError(dst, "already exists and is not empty; pass --overwrite to replace it "
+                              "or choose a new folder")
+
+
+def convert(source, dst: str, opts: ConvertOptions, progress: Callable[[int], None] = lambda n: None
+            ) -> ConvertResult:
+    """Write ``source`` as a dataset at ``dst``; see the module docstring for the steps."""
+    t0 = time.perf_counter()
+    dst = os.path.abspath(dst)
+    check_destination(dst, opts.overwrite)
+    parent = os.path.dirname(dst)
+    os.makedirs(parent, exist_ok=True)
+    stage = os.path.join(parent, f".{os.path.basename(dst)}.convert-{os.getpid()}")
+    if os.path.exists(stage):
+        shutil.rmtree(stage)
+    os.makedirs(stage)
+    try:
+        n = len(source)
+        if n == 0:
+            raise ShardError(source.describe(), "the source holds no samples")
+        order = output_order(n, opts.shuffle_seed)
+        parts = plan_parts(n, opts.processes, opts.max_shard_samples)
+        results = _write_parts(source, order, parts, stage, opts, progress)
+        shards, fields = [], []
+        for p, (infos, part_fields) in enumerate(results):
+            part_dir = os.path.join(stage, f"part-{p:03d}")
+            for info in infos:
+                name = f"{PART_PREFIX}-{len(shards):06d}{_SHARD_NAME.match(info.name).group(1)}"
+                for suffix in ("", ".idx"):
+                    src = os.path.join(part_dir, info.name + suffix)
+                    if os.path.exists(src):
+                        os.replace(src, os.path.join(stage, name + suffix))
+                shards.append(ShardInfo(name, info.format, info.samples, info.bytes, info.hash))
+            fields += [f for f in part_fields if f not in fields]
+            shutil.rmtree(part_dir)
+        for name, text in source.extra_files().items():
+            with open(os.path.join(stage, name), "w", encoding="utf-8") as f:
+                f.write(text)
+        write_index(stage, shards, fields)
+        _publish(stage, dst, opts.overwrite)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    return ConvertResult(dst, sum(s.samples for s in shards), len(shards), sum(s.bytes for s in shards),
+                         time.perf_counter() - t0, fields)
