@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from shardfeed.formats.errors import ShardError
+from shardfeed.formats.sidecar import table_digest
 
 INDEX_NAME = "index.arrow"
 LOG_DIR = "_log"
@@ -134,6 +135,7 @@ def write_index(root: str, shards: Iterable[ShardInfo], fields: Sequence[str] = 
         "hash": pa.array([s.hash for s in shards], pa.string()),
     })
     meta = {"version": INDEX_VERSION, "hash": HASH_ALGO, "fields": list(fields), "log_seq": log_seq}
+    meta["digest"] = table_digest(tbl, meta)
     tbl = tbl.replace_schema_metadata({b"shardfeed.index": json.dumps(meta).encode()})
     path = os.path.join(root, INDEX_NAME)
     tmp = f"{path}.tmp-{os.getpid()}"
@@ -161,6 +163,13 @@ def _read_index_file(path: str, root: str) -> tuple[dict, list]:
     if not isinstance(meta.get("log_seq", 0), int) or not isinstance(meta.get("fields", []), list):
         raise ShardError(path, "index metadata has a bad log_seq or fields entry (broken index)")
     try:
+        ok = meta.get("digest") == table_digest(tbl, meta)
+    except (pa.ArrowException, TypeError, ValueError) as e:
+        raise ShardError(path, f"index columns are unreadable ({e}) (broken index)") from e
+    if not ok:
+        raise ShardError(path, "index fails its digest (corrupt index); restore it or rebuild it "
+                               "with `shardfeed convert`")
+    try:
         fmt = tbl.column("format").combine_chunks()
         if pa.types.is_dictionary(fmt.type):
             fmt = fmt.dictionary_decode()
@@ -172,7 +181,8 @@ def _read_index_file(path: str, root: str) -> tuple[dict, list]:
         if c.type != t or c.null_count:
             raise ShardError(path, f"index column {label!r} is {c.type} with {c.null_count} nulls; "
                                    f"expected {t} without nulls (broken index)")
-    cols = [cols[0].to_pylist(), cols[1].to_pylist(), cols[2].to_numpy(), cols[3].to_numpy(),
+    # copies, not views: the index must not depend on the mapped file staying as it was
+    cols = [cols[0].to_pylist(), cols[1].to_pylist(), cols[2].to_numpy().copy(), cols[3].to_numpy().copy(),
             cols[4].to_pylist()]
     for name in cols[0]:
         check_shard_name(name, path)

@@ -32,6 +32,40 @@ def sample_checksum(parts) -> int:
     return h.intdigest()
 
 
+def table_digest(tbl: pa.Table, meta: dict) -> str:
+    """xxh3-64 over a table's values and its metadata (the "digest" key aside).
+
+    Sidecars and indexes are untrusted and carry no checksum of their own
+    otherwise: a flipped byte in a key or a field name would be delivered as
+    data. Values are hashed from their buffers (no per-row Python), each
+    string column as normalised offsets plus the bytes they span.
+    """
+    h = xxhash.xxh3_64()
+    h.update(json.dumps({k: v for k, v in meta.items() if k != "digest"}, sort_keys=True).encode())
+    for col in tbl.columns:
+        arr = col.combine_chunks()
+        if pa.types.is_dictionary(arr.type):
+            arr = arr.dictionary_decode()
+        h.update(str(arr.type).encode())
+        _hash_array(h, arr)
+    return h.hexdigest()
+
+
+def _hash_array(h, arr: pa.Array) -> None:
+    t = arr.type
+    if pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_list(t) \
+            or pa.types.is_large_string(t) or pa.types.is_large_binary(t) or pa.types.is_large_list(t):
+        wide = pa.types.is_large_string(t) or pa.types.is_large_binary(t) or pa.types.is_large_list(t)
+        offs = np.frombuffer(arr.buffers()[1], np.int64 if wide else np.int32)[arr.offset:arr.offset + len(arr) + 1]
+        h.update((offs - offs[0]).astype(np.int64).tobytes() if len(offs) else b"")
+        if pa.types.is_list(t) or pa.types.is_large_list(t):
+            _hash_array(h, arr.values.slice(int(offs[0]), int(offs[-1] - offs[0])) if len(offs) else arr.values)
+        elif len(offs):
+            h.update(memoryview(arr.buffers()[2])[int(offs[0]):int(offs[-1])])
+    else:
+        h.update(np.ascontiguousarray(arr.to_numpy(zero_copy_only=False)).tobytes())
+
+
 @dataclass
 class SampleTable:
     """Samples of one tar shard, as flat arrays.
@@ -122,12 +156,8 @@ def write_sidecar(path: str, table: SampleTable, shard_bytes: int, shard_hash: s
     """Atomically write ``path`` (temp file, then rename)."""
     ms = table.member_start
     n = len(table.keys)
-    schema_meta = {
-        b"shardfeed.sidecar": json.dumps({
-            "version": SIDECAR_VERSION, "fields": table.fields,
-            "shard_bytes": shard_bytes, "shard_hash": shard_hash, "members": int(len(table.offset)),
-        }).encode(),
-    }
+    meta = {"version": SIDECAR_VERSION, "fields": table.fields, "shard_bytes": shard_bytes,
+            "shard_hash": shard_hash, "members": int(len(table.offset))}
     # Two tables would need two files; pad the member columns to one length
     # instead by storing them as list arrays over the flat values.
     offsets = pa.array(ms.astype(np.int32) if ms[-1] < 2**31 else ms, )
@@ -138,7 +168,9 @@ def write_sidecar(path: str, table: SampleTable, shard_bytes: int, shard_hash: s
         "offset": list_type.from_arrays(offsets, pa.array(table.offset, pa.int64())),
         "size": list_type.from_arrays(offsets, pa.array(table.size, pa.int64())),
         "field": list_type.from_arrays(offsets, pa.array(table.member_field, pa.int16())),
-    }).replace_schema_metadata(schema_meta)
+    })
+    meta["digest"] = table_digest(tbl, meta)
+    tbl = tbl.replace_schema_metadata({b"shardfeed.sidecar": json.dumps(meta).encode()})
     if tbl.num_rows != n:
         raise AssertionError("sidecar row count")
     tmp = f"{path}.tmp-{os.getpid()}"
@@ -186,6 +218,9 @@ def read_sidecar(path: str, shard: str) -> tuple[SampleTable, dict]:
             raise ValueError("metadata is not an object")
         if meta.get("version") != SIDECAR_VERSION:
             raise ShardError(shard, f"sidecar version {meta.get('version')!r} is not {SIDECAR_VERSION}")
+        if meta.get("digest") != table_digest(tbl, meta):
+            raise ShardError(shard, f"sidecar {name} fails its digest (corrupt sidecar); rewrite it with "
+                                    "`shardfeed convert` or delete it to rescan the shard")
         fields = meta["fields"]
         if not isinstance(fields, list) or not all(isinstance(f, str) for f in fields):
             raise ValueError(f"fields {fields!r} is not a list of names")

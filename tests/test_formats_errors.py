@@ -184,9 +184,15 @@ def test_index_naming_an_unsafe_shard_path(make_dataset):
     import pyarrow as pa
     from shardfeed.formats.index import INDEX_NAME
     src = os.path.join(root, INDEX_NAME)
-    with pa.memory_map(src) as f:
-        tbl = pa.ipc.open_file(f).read_all()
+    with open(src, "rb") as f:  # a copy: the file is rewritten in place below
+        tbl = pa.ipc.open_file(pa.BufferReader(f.read())).read_all()
     tbl = tbl.set_column(0, "name", pa.array(["../../etc/passwd.tar"]))
+    # a hostile index carries a valid digest: the digest guards against damage, not attackers
+    import json
+    from shardfeed.formats.sidecar import table_digest
+    meta = json.loads(tbl.schema.metadata[b"shardfeed.index"])
+    meta["digest"] = table_digest(tbl, meta)
+    tbl = tbl.replace_schema_metadata({b"shardfeed.index": json.dumps(meta).encode()})
     with pa.OSFile(src, "wb") as sink, pa.ipc.new_file(sink, tbl.schema) as w:
         w.write_table(tbl)
     _raises(lambda: open_index(root), src, "unsafe shard path")
@@ -246,3 +252,25 @@ def test_shard_error_pickles_with_shard_and_reason():
     import pickle
     e = pickle.loads(pickle.dumps(ShardError("/d/s.tar", "bad")))
     assert (e.shard, e.reason, str(e)) == ("/d/s.tar", "bad", "/d/s.tar: bad")
+
+
+def test_damaged_sidecar_key_is_caught_by_its_digest(make_dataset):
+    """Regression: a flipped byte inside a key string left a valid Arrow file,
+    and the wrong key was delivered as data."""
+    idx = open_index(make_dataset(n=20, shard_samples=20))
+    side = idx.path(0) + ".idx"
+    raw = bytearray(open(side, "rb").read())
+    at = raw.find(b"00000013")
+    raw[at + 7] ^= 0x01
+    open(side, "wb").write(raw)
+    _raises(lambda: open_shard(idx, 0), idx.path(0), "fails its digest")
+
+
+def test_damaged_index_count_is_caught_by_its_digest(make_dataset):
+    root = make_dataset(n=20, shard_samples=10)
+    path = os.path.join(root, "index.arrow")
+    raw = bytearray(open(path, "rb").read())
+    at = raw.find(np.array([10, 10], np.int64).tobytes())
+    raw[at] = 11
+    open(path, "wb").write(raw)
+    _raises(lambda: open_index(root), path, "fails its digest")
