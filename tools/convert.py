@@ -60,7 +60,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="map a table column to a sample field (repeatable)")
     p.add_argument("--key-column", metavar="COL", help="table column holding each sample's key")
     p.add_argument("--overwrite", action="store_true", help="replace an existing DST (swapped in at the end)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
 
 def _options(args):

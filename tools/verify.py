@@ -1,0 +1,161 @@
+"""`shardfeed verify DST`: check every shard of a dataset against its index.
+
+Per shard: present, size and content hash as the index says, sample count,
+the sidecar's offsets against a fresh scan of the tar headers, and every
+sample's checksum (Parquet/Arrow: every row group read and validated).
+Prints ``BAD <shard>: <reason>`` for each bad shard.
+Exit codes: 0 all good; 1 one or more bad shards; 2 the dataset (its index)
+cannot be opened at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from shardfeed.tools.byte_sizes import human_bytes
+
+_SHARD_SUFFIXES = (".tar", ".tgz", ".tar.gz", ".tar.zst", ".parquet", ".arrow")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = __doc__.splitlines()[0]
+    p.add_argument("dst", metavar="DST", help="dataset folder, tar file or folder of WebDataset tars")
+    p.add_argument("--jobs", type=int, default=1, metavar="N", help="check N shards at a time (threads; 1)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+
+
+def _sidecar_matches_scan(index, i: int) -> str | None:
+    """The sidecar's offsets must be the ones the tar's own headers give."""
+    from shardfeed.formats.readers import load_tar_stream
+    from shardfeed.formats.sidecar import SIDECAR_SUFFIX, read_sidecar, scan_tar
+
+    path = index.path(i)
+    if not os.path.exists(path + SIDECAR_SUFFIX):
+        return None
+    stored, meta = read_sidecar(path + SIDECAR_SUFFIX, path)
+    if meta.get("shard_hash") not in (None, index.hashes[i]):
+        return f"sidecar was written for another version of the shard (hash {meta.get('shard_hash')})"
+    data = load_tar_stream(path, index.formats[i])
+    try:
+        fresh = scan_tar(data, path)
+    finally:
+        if hasattr(data, "close"):
+            data.close()
+    if stored.keys != fresh.keys:
+        bad = next((k for k, (a, b) in enumerate(zip(stored.keys, fresh.keys)) if a != b),
+                   min(len(stored.keys), len(fresh.keys)))
+        return f"sidecar keys disagree with the tar's members from sample {bad}"
+    fields_fresh = np.asarray([fresh.fields.index(f) if f in fresh.fields else -1 for f in stored.fields])
+    same = (np.array_equal(stored.member_start, fresh.member_start) and np.array_equal(stored.offset, fresh.offset)
+            and np.array_equal(stored.size, fresh.size)
+            and np.array_equal(fields_fresh[stored.member_field], fresh.member_field)
+            and np.array_equal(stored.checksum, fresh.checksum))
+    return None if same else "sidecar offsets, sizes or checksums disagree with the tar's headers"
+
+
+def _first_bad_sample(index, i: int) -> str | None:
+    """After a hash mismatch: which sample the damage hit, when a checksum shows it."""
+    from shardfeed.formats import ShardError, open_shard
+
+    try:
+        with open_shard(index, i) as reader:
+            for j in range(len(reader)):
+                reader.read(j)
+    except ShardError as e:
+        return e.reason
+    except Exception:
+        return None
+    return "every sample's payload checksum still holds (damage is in headers or padding)"
+
+
+def check_shard(index, i: int) -> str | None:
+    """None when shard ``i`` is good, else the reason it is not."""
+    from shardfeed.formats import ShardError, verify_shard
+
+    path = index.path(i)
+    try:
+        if os.path.exists(path) and os.path.getsize(path) != index.sizes[i]:
+            return (f"shard has {os.path.getsize(path):,} bytes but the index says {int(index.sizes[i]):,} "
+                    "(truncated, grown or replaced)")
+        verify_shard(index, i)
+        if index.formats[i].startswith("tar") and i not in index.tables:
+            return _sidecar_matches_scan(index, i)
+    except ShardError as e:
+        if e.reason.startswith("content hash"):
+            where = _first_bad_sample(index, i)
+            return f"{e.reason}; {where}" if where else e.reason
+        return e.reason
+    except Exception as e:  # damaged bytes must be reported, whatever they break
+        return f"unreadable ({type(e).__name__}: {e})"
+    return None
+
+
+def unlisted_files(index) -> list[str]:
+    """Shard-like files in the dataset folder that the index does not name."""
+    from shardfeed.formats.index import INDEX_NAME
+
+    if not os.path.isdir(index.root):
+        return []
+    listed = set(index.names)
+    return sorted(n for n in os.listdir(index.root)
+                  if n.endswith(_SHARD_SUFFIXES) and n not in listed and n != INDEX_NAME and not n.startswith("."))
+
+
+def _open(dst: str):
+    """(index, shard numbers to check); a shard file inside an indexed dataset is
+    checked against that dataset's index."""
+    from shardfeed.formats import ShardError, open_index
+    from shardfeed.formats.index import INDEX_NAME
+
+    parent = os.path.dirname(os.path.abspath(dst))
+    if os.path.isfile(dst) and os.path.exists(os.path.join(parent, INDEX_NAME)):
+        index = open_index(parent)
+        name = os.path.basename(dst)
+        if name not in index.names:
+            raise ShardError(dst, f"is not listed in {os.path.join(parent, INDEX_NAME)}")
+        return index, [index.names.index(name)]
+    index = open_index(dst)
+    return index, list(range(len(index)))
+
+
+def main(args) -> int:
+    from tqdm import tqdm
+
+    from shardfeed.formats import ShardError, open_index
+
+    if args.jobs < 1:
+        print(f"shardfeed verify: error: --jobs {args.jobs} must be 1 or more", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    try:
+        index, shards = _open(args.dst)
+    except ShardError as e:
+        print(f"shardfeed verify: error: {e}", file=sys.stderr)
+        return 2
+    bad = []
+    total = int(index.sizes[shards].sum()) if shards else 0
+    with tqdm(total=total, unit="B", unit_scale=True, desc="verify", file=sys.stderr,
+              disable=args.quiet or None) as bar, ThreadPoolExecutor(args.jobs) as pool:
+        # map keeps shard order, so the BAD lines come out in index order for any --jobs
+        for i, reason in zip(shards, pool.map(lambda i: check_shard(index, i), shards)):
+            bar.update(int(index.sizes[i]))
+            if reason is not None:
+                bad.append(i)
+                bar.write(f"BAD {index.path(i)}: {reason}", file=sys.stdout)
+    for name in unlisted_files(index) if os.path.isdir(args.dst) else ():
+        print(f"note: {os.path.join(index.root, name)} is not in the index (ignored by readers)")
+    if index.meta.get("scanned"):
+        print("note: no index here; the tars were scanned now, so hashes were not checked against a record")
+    secs = time.perf_counter() - t0
+    mb_s = total / 1e6 / max(secs, 1e-9)
+    verdict = f"{len(bad)} bad shard{'s' if len(bad) != 1 else ''}" if bad else "all good"
+    samples = int(index.counts[shards].sum()) if shards else 0
+    print(f"verified {len(shards):,} shards, {samples:,} samples, {human_bytes(total)} "
+          f"in {secs:.2f} s ({mb_s:.1f} MB/s): {verdict}")
+    return 1 if bad else 0
