@@ -1,1 +1,11 @@
-"""Torch-facing dataset, loader, workers, resumable state and streaming."""
+"""Torch-facing dataset, loader, workers, resumable state and streaming.
+
+Public: ``ShardDataset``, ``Loader``, ``BatchSchedule``, ``Stage``, ``WorkerError``.
+"""
+
+from shardfeed.loader.dataset import ShardDataset
+from shardfeed.loader.errors import WorkerError
+from shardfeed.loader.loader import Loader
+from shardfeed.loader.schedule import BatchSchedule, Stage
+
+__all__ = ["BatchSchedule", "Loader", "ShardDataset", "Stage", "WorkerError"]

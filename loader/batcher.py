@@ -1,0 +1,188 @@
+"""Sample ids in, one batch of columns out: read, decode, transform, collate.
+
+This is the unit of work of a worker process (and of the main process when
+``num_workers=0``). Without a user ``transform`` or ``collate_fn`` no sample
+dict is ever built: the batch is read as one buffer (formats.batch), ints are
+parsed by a jitted loop into one int64 array, bytes stay in the buffer (and
+cross to the main process as it is); only codecs that produce Python objects
+(text, json, npy, images) decode sample by sample.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from shardfeed.formats import ShardError, codec_of, decode_field
+from shardfeed.formats.batch import BatchReader, RawBatch, parse_ints
+from shardfeed.loader.collate import Blob, collate_column, default_collate
+from shardfeed.loader.errors import ErrorPolicy
+
+
+def _accepts_image_size(fn) -> bool:
+    try:
+        return "image_size" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+class BatchMaker:
+    """Turns a batch's global sample ids into columns (see collate.py)."""
+
+    def __init__(self, index, decode: bool = True, transform: Callable | None = None,
+                 collate_fn: Callable | None = None, policy: ErrorPolicy | None = None,
+                 unsafe: tuple[str, ...] = ()):
+        self.policy = policy or ErrorPolicy("raise")
+        self.reader = BatchReader(index, verify=True, skip=self.policy.skip)
+        self.decode = decode
+        self.transform = transform
+        self.transform_takes_size = transform is not None and _accepts_image_size(transform)
+        self.collate_fn = collate_fn
+        self.unsafe = tuple(unsafe)
+        self.timings = {"read_s": 0.0, "decode_s": 0.0, "collate_s": 0.0}
+
+    def close(self) -> None:
+        self.reader.close()
+
+    def make(self, ids: np.ndarray, image_size: int | None = None,
+             alloc: Callable[[int], np.ndarray] | None = None) -> tuple[Any, dict]:
+        """(columns, info): info has read_s, decode_s, collate_s, bytes, errors, samples."""
+        t0 = time.perf_counter()
+        fast = self.transform is None and self.collate_fn is None
+        raw = self.reader.read(ids, alloc if fast else None)
+        t1 = time.perf_counter()
+        errors = [(s, r, n) for s, r, n in raw.errors]
+        if fast:
+            columns = self._columns(raw, image_size, errors)
+            t2 = t3 = time.perf_counter()
+        else:
+            samples = self._samples(raw, image_size, errors)
+            t2 = time.perf_counter()
+            columns = (self.collate_fn or default_collate)(samples)
+            t3 = time.perf_counter()
+        info = {"read_s": t1 - t0, "decode_s": t2 - t1, "collate_s": t3 - t2, "bytes": raw.bytes_read,
+                "errors": errors, "samples": _rows(columns, raw)}
+        return columns, info
+
+    # -- fast path: whole columns ---------------------------------------
+    def _columns(self, raw: RawBatch, image_size, errors) -> dict:
+        n = len(raw)
+        cols: dict[str, Any] = {"__key__": raw.keys}
+        bad = np.zeros(n, np.bool_)
+        reasons: dict[int, str] = {}
+        for name, spec in raw.fields.items():
+            kind = spec[0]
+            if kind == "array":
+                vals = spec[1]
+                cols[name] = vals if vals.dtype != object else vals.tolist()
+                continue
+            starts, sizes = spec[1], spec[2]
+            if kind == "text":
+                cols[name] = Blob(raw.buf, starts, sizes, text=True)
+                continue
+            codec = codec_of(name) if self.decode else "bytes"
+            if codec == "pickle" and not self._unsafe(name):
+                codec = "bytes"
+            if codec == "bytes":
+                cols[name] = Blob(raw.buf, starts, sizes)
+            elif codec == "int":
+                vals, ok = parse_ints(raw.buf, starts, sizes)
+                missing = sizes < 0
+                if (~ok & ~missing).any():
+                    for r in np.flatnonzero(~ok & ~missing).tolist():
+                        bad[r] = True
+                        reasons.setdefault(r, f"field {name!r} is not an integer")
+                cols[name] = vals if not missing.any() else [None if m else int(v) for v, m in zip(vals, missing)]
+            else:
+                mv = memoryview(raw.buf)
+                values = []
+                for r, (a, s) in enumerate(zip(starts.tolist(), sizes.tolist())):
+                    if s < 0:
+                        values.append(None)
+                        continue
+                    try:
+                        if codec == "text":
+                            values.append(str(mv[a:a + s], "utf-8"))
+                        else:
+                            values.append(decode_field(name, mv[a:a + s], self.unsafe, image_size))
+                    except Exception as e:  # a corrupt payload in any codec: attributed to its sample
+                        bad[r] = True
+                        reasons.setdefault(r, f"field {name!r} does not decode: {type(e).__name__}: {e}")
+                        values.append(None)
+                cols[name] = values
+        if bad.any():
+            self._bad_samples(raw, bad, reasons, errors)
+            cols = _drop_rows(cols, ~bad)
+        for name, col in list(cols.items()):
+            if isinstance(col, list) and name != "__key__" and col and all(v is not None for v in col):
+                cols[name] = collate_column(col)
+        return cols
+
+    def _unsafe(self, name: str) -> bool:
+        return name in self.unsafe or name.rsplit(".", 1)[-1] in self.unsafe
+
+    def _bad_samples(self, raw: RawBatch, bad: np.ndarray, reasons: dict, errors: list) -> None:
+        rows = np.flatnonzero(bad).tolist()
+        paths = [self.reader.index.path(int(raw.shards[r])) for r in rows]
+        if not self.policy.skip:
+            r = rows[0]
+            raise ShardError(paths[0], f"sample {raw.keys[r]!r}: {reasons[r]}")
+        for r, p in zip(rows, paths):
+            errors.append((p, f"sample {raw.keys[r]!r}: {reasons[r]}", 1))
+
+    # -- slow path: per-sample dicts for a transform or a custom collate --
+    def _samples(self, raw: RawBatch, image_size, errors) -> list[dict]:
+        mv = memoryview(raw.buf)
+        out = []
+        columns = {name: spec for name, spec in raw.fields.items()}
+        for r in range(len(raw)):
+            sample: dict[str, Any] = {"__key__": raw.keys[r]}
+            try:
+                for name, spec in columns.items():
+                    if spec[0] == "array":
+                        v = spec[1][r]
+                        sample[name] = v.item() if isinstance(v, np.generic) else v
+                        continue
+                    a, s = int(spec[1][r]), int(spec[2][r])
+                    if s < 0:
+                        continue
+                    if spec[0] == "text":
+                        sample[name] = str(mv[a:a + s], "utf-8")
+                    elif self.decode:
+                        sample[name] = decode_field(name, mv[a:a + s], self.unsafe, image_size)
+                    else:
+                        sample[name] = bytes(mv[a:a + s])
+            except Exception as e:
+                path = self.reader.index.path(int(raw.shards[r]))
+                reason = f"sample {raw.keys[r]!r} does not decode: {type(e).__name__}: {e}"
+                if not self.policy.skip:
+                    raise ShardError(path, reason) from e
+                errors.append((path, reason, 1))
+                continue
+            if self.transform is not None:
+                sample = (self.transform(sample, image_size=image_size) if self.transform_takes_size
+                          else self.transform(sample))
+            out.append(sample)
+        return out
+
+
+def _drop_rows(cols: dict, keep: np.ndarray) -> dict:
+    idx = np.flatnonzero(keep)
+    out = {}
+    for name, col in cols.items():
+        if isinstance(col, np.ndarray):
+            out[name] = col[idx]
+        elif isinstance(col, Blob):
+            out[name] = Blob(col.buf, col.starts[idx], col.sizes[idx], col.text)
+        else:
+            out[name] = [col[i] for i in idx.tolist()]
+    return out
+
+
+def _rows(columns, raw: RawBatch) -> int:
+    if isinstance(columns, dict) and "__key__" in columns:
+        return len(columns["__key__"])
+    return len(raw)

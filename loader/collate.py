@@ -1,0 +1,126 @@
+"""Batches as columns, and the default collate.
+
+A batch travels as a dict of *columns*, never as a list of sample dicts:
+
+- ``np.ndarray``: numbers and same-shaped arrays, stacked (-> ``torch.Tensor``);
+- ``Blob``: variable-length bytes or text of the whole batch as one buffer
+  plus (start, size) per sample (-> ``list[bytes]`` / ``list[str]``);
+- ``list``: anything else (JSON values, ragged arrays), kept per sample.
+
+``materialize`` turns columns into what the user sees; it runs in the main
+process, after the columns crossed from a worker through shared memory.
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+
+@dataclass
+class Blob:
+    """Per-sample byte strings inside one buffer; size -1 means None (field absent)."""
+
+    buf: np.ndarray  # uint8
+    starts: np.ndarray  # int64
+    sizes: np.ndarray  # int64
+    text: bool = False
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def to_list(self) -> list:
+        mv = memoryview(self.buf)
+        starts, sizes = self.starts.tolist(), self.sizes.tolist()
+        if self.sizes.size and self.sizes.min() >= 0:
+            # bytes(memoryview slice) is the cheapest copy-out per item measured
+            # here (~0.15 us), ~2x faster than numpy slicing + tobytes().
+            out = [bytes(mv[a:a + s]) for a, s in zip(starts, sizes)]
+            if self.text:
+                return [b.decode("utf-8") for b in out]
+            return out
+        items = [None if s < 0 else bytes(mv[a:a + s]) for a, s in zip(starts, sizes)]
+        if self.text:
+            return [None if b is None else b.decode("utf-8") for b in items]
+        return items
+
+    @classmethod
+    def from_list(cls, items: list) -> "Blob":
+        text = all(isinstance(x, str) or x is None for x in items)
+        enc = [None if x is None else (x.encode("utf-8") if text else bytes(x)) for x in items]
+        sizes = np.array([-1 if b is None else len(b) for b in enc], np.int64)
+        starts = np.zeros(len(enc), np.int64)
+        if len(enc) > 1:
+            np.cumsum(np.maximum(sizes[:-1], 0), out=starts[1:])
+        data = b"".join(b for b in enc if b is not None)
+        return cls(np.frombuffer(data, np.uint8), starts, sizes, text)
+
+
+def _stackable(values: list) -> np.ndarray | None:
+    """One array for a column when every value is a number, or an array of one shape and dtype."""
+    first = values[0]
+    if isinstance(first, (bool, np.bool_)):
+        return np.array(values, np.bool_) if all(isinstance(v, (bool, np.bool_)) for v in values) else None
+    if isinstance(first, numbers.Integral) and all(
+            isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_)) for v in values):
+        return np.array(values, np.int64)
+    if isinstance(first, numbers.Real) and all(
+            isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_)) for v in values):
+        return np.array(values, np.float64 if isinstance(first, float) else None)
+    if isinstance(first, torch.Tensor):
+        if all(isinstance(v, torch.Tensor) and v.shape == first.shape and v.dtype == first.dtype for v in values):
+            return torch.stack(values).numpy() if first.dtype != torch.bfloat16 else None
+        return None
+    if isinstance(first, np.ndarray) and first.dtype.kind in "biufc":
+        if all(isinstance(v, np.ndarray) and v.shape == first.shape and v.dtype == first.dtype for v in values):
+            return np.stack(values)
+    return None
+
+
+def collate_column(values: list) -> Any:
+    """The default collate of one field over a batch."""
+    if not values:
+        return []
+    arr = _stackable(values)
+    if arr is not None:
+        return arr
+    if all(isinstance(v, (bytes, bytearray, memoryview, str)) or v is None for v in values):
+        return Blob.from_list(values)
+    return list(values)
+
+
+def default_collate(samples: list[dict]) -> dict:
+    """Columns of a list of sample dicts: numbers and same-shaped arrays
+    stacked, bytes and strings as lists, anything else a list. A field some
+    samples lack becomes a list with None there."""
+    names: dict[str, None] = {}
+    for s in samples:
+        for k in s:
+            names.setdefault(k, None)
+    out = {}
+    for name in names:
+        vals = [s.get(name) for s in samples]
+        out[name] = collate_column(vals) if all(v is not None for v in vals) else (
+            Blob.from_list(vals) if all(isinstance(v, (bytes, str)) or v is None for v in vals) else vals)
+    return out
+
+
+def materialize(columns: Any, pin_memory: bool = False) -> Any:
+    """What the user sees: tensors and lists. Arrays are copied out (their
+    memory may be a reused shared-memory slot)."""
+    if not isinstance(columns, dict):
+        return columns
+    out = {}
+    for name, col in columns.items():
+        if isinstance(col, np.ndarray):
+            t = torch.from_numpy(np.array(col, copy=True)) if col.dtype.kind in "biufc" else col.tolist()
+            out[name] = t.pin_memory() if pin_memory and isinstance(t, torch.Tensor) else t
+        elif isinstance(col, Blob):
+            out[name] = col.to_list()
+        else:
+            out[name] = col
+    return out

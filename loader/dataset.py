@@ -1,0 +1,136 @@
+"""ShardDataset: a torch IterableDataset over any dataset formats/ can read.
+
+It owns what the data is (the index, decoding, transform, error policy) and
+whose share of it this rank reads (order, seed, epoch, topology); plans come
+from shardfeed.shuffling. Iterating it yields sample dicts, which is what a
+plain ``torch.utils.data.DataLoader`` needs (its workers split the plan in
+blocks, each sample once). ``Loader`` uses the same dataset but never builds
+sample dicts unless a transform or collate_fn asks for them.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch.utils.data
+
+from shardfeed.formats import ShardError, open_index
+from shardfeed.loader import topology as _topology
+from shardfeed.loader.batcher import BatchMaker
+from shardfeed.loader.errors import ErrorPolicy
+from shardfeed.shuffling import Order, Topology, make_plan, replan
+
+_BLOCK = 64  # positions per block when a torch DataLoader's workers split a plan
+
+
+class ShardDataset(torch.utils.data.IterableDataset):
+    """Samples ``{"__key__": str, FIELD: value}`` of this rank's share of an epoch.
+
+    source: a dataset folder, a ``.tar`` file or a ``file://`` URL. shuffle:
+    ``none``, ``shard``, ``block`` or ``global`` (shardfeed.shuffling.Order).
+    decode: decode fields by extension (cls -> int, txt -> str, json, npy,
+    images -> RGB uint8 HWC arrays; other extensions stay bytes); False keeps
+    bytes. transform: a function of one sample (``transform(sample)`` or, if
+    it has an ``image_size`` parameter, ``transform(sample, image_size=...)``
+    with the loader's current stage). rank/world_size: default from
+    torch.distributed, then RANK/WORLD_SIZE, then 0/1. on_error: ``raise``
+    or ``skip`` (skip and count corrupt samples and shards).
+
+    Not yet available (they raise NotImplementedError): remote URLs and
+    ``cache_dir``/``cache_limit_bytes`` (shardfeed.cache), ``follow=True``
+    (streaming).
+    """
+
+    def __init__(self, source, shuffle="global", seed: int = 0, cache_dir=None, cache_limit_bytes=None,
+                 decode: bool = True, transform: Callable | None = None, rank: int | None = None,
+                 world_size: int | None = None, drop_last: bool = False, follow: bool = False,
+                 on_error: str = "raise"):
+        super().__init__()
+        source = os.fspath(source) if not isinstance(source, str) else source
+        if "://" in source and not source.startswith("file://"):
+            raise NotImplementedError(f"{source}: remote datasets are read through shardfeed.cache, which the "
+                                      "loader does not use yet; copy the dataset locally or pass a file:// URL")
+        if cache_dir is not None or cache_limit_bytes is not None:
+            raise NotImplementedError(f"cache_dir={cache_dir!r}, cache_limit_bytes={cache_limit_bytes!r}: the "
+                                      "node-local shard cache is not wired into the loader yet; local datasets "
+                                      "need no cache, so leave both None")
+        if follow:
+            raise NotImplementedError("follow=True (reading a dataset while it grows) is not implemented yet; "
+                                      "pass follow=False to read the dataset's committed shards")
+        if transform is not None and not callable(transform):
+            raise TypeError(f"transform must be callable, got {transform!r}")
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+            raise TypeError(f"seed must be an int, got {seed!r}")
+        self.source = source
+        self.order = Order(shuffle)
+        self.seed = int(seed)
+        self.decode = bool(decode)
+        self.transform = transform
+        self.drop_last = bool(drop_last)
+        self.on_error = on_error
+        self.policy = ErrorPolicy(on_error)
+        self.topology = _topology.detect(rank, world_size)
+        self.index = open_index(source)
+        if self.index.num_samples == 0:
+            raise ShardError(self.index.root, "dataset holds no samples")
+        self.epoch = 0
+        self.image_size: int | None = None  # set by a Loader's schedule
+
+    @property
+    def rank(self) -> int:
+        return self.topology.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.topology.world_size
+
+    def set_epoch(self, epoch: int) -> None:
+        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
+            raise ValueError(f"epoch={epoch!r} must be an int >= 0")
+        self.epoch = int(epoch)
+
+    # -- plans ----------------------------------------------------------
+    def plan(self, epoch: int | None = None, weights: tuple[int, ...] | None = None, history=()):
+        """This rank's EpochPlan; ``weights`` are per-rank batch sizes; ``history``
+        lists earlier world sizes of this epoch as ((world_size, weights), consumed)."""
+        epoch = self.epoch if epoch is None else epoch
+        topo = Topology(self.rank, self.world_size, weights, self.topology.ranks_per_node)
+        if not history:
+            return make_plan(self.index.counts, self.order, self.seed, epoch, topo, drop_last=self.drop_last)
+        old = [(Topology(0, w, tuple(wt) if wt else None), tuple(c)) for (w, wt), c in history]
+        return replan(self.index.counts, self.order, self.seed, epoch, old[-1][0], old[-1][1], topo,
+                      history=old[:-1], drop_last=self.drop_last)
+
+    def __len__(self) -> int:
+        return self.plan().num_samples
+
+    def maker(self, collate_fn: Callable | None = None, decode: bool | None = None) -> BatchMaker:
+        return BatchMaker(self.index, decode=self.decode if decode is None else decode, transform=self.transform,
+                          collate_fn=collate_fn, policy=ErrorPolicy(self.on_error))
+
+    # -- iteration (sample dicts, for a plain torch DataLoader) ---------
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        info = torch.utils.data.get_worker_info()
+        wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+        plan = self.plan()
+        maker = BatchMaker(self.index, decode=self.decode, transform=self.transform,
+                           collate_fn=_as_samples, policy=self.policy)
+        try:
+            for b in range(wid, -(-plan.num_samples // _BLOCK), nw):
+                ids = plan.positions(b * _BLOCK, min(plan.num_samples, (b + 1) * _BLOCK))
+                samples, info = maker.make(ids, self.image_size)
+                self.policy.report(info["errors"])
+                yield from samples
+        finally:
+            maker.close()
+
+    def __repr__(self) -> str:
+        return (f"ShardDataset({self.source!r}, shuffle={self.order.value!r}, seed={self.seed}, "
+                f"rank={self.rank}/{self.world_size}, samples={self.index.num_samples})")
+
+
+def _as_samples(samples: list[dict]) -> list[dict]:
+    return samples
+

@@ -1,0 +1,44 @@
+"""The error policy (``on_error``) and the error a dead worker raises.
+
+``"raise"``: a corrupt sample or shard raises ShardError naming the shard and
+the reason. ``"skip"``: it is left out of its batch, counted in ``stats()``
+and logged once per shard (a shard with a thousand bad samples logs one line,
+not a thousand).
+"""
+
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger("shardfeed.loader")
+
+POLICIES = ("raise", "skip")
+
+
+class WorkerError(RuntimeError):
+    """A loader worker died or failed with a non-data error; the message names
+    the worker, its pid, the batch it was making and its traceback."""
+
+
+class ErrorPolicy:
+    def __init__(self, on_error: str = "raise"):
+        if on_error not in POLICIES:
+            raise ValueError(f"on_error={on_error!r} is not one of {POLICIES}; use 'raise' to stop at the "
+                             "first corrupt sample or 'skip' to leave it out and count it")
+        self.name = on_error
+        self.skip = on_error == "skip"
+        self._logged: set[str] = set()
+
+    def report(self, errors) -> int:
+        """Log (once per shard) errors ``(shard, reason, samples)``; returns samples skipped."""
+        n = 0
+        for shard, reason, count in errors:
+            n += count
+            if shard not in self._logged:
+                self._logged.add(shard)
+                log.warning("skipping corrupt data in %s: %s (further errors in this shard are counted, "
+                            "not logged)", shard, reason)
+        return n
+
+    def __repr__(self) -> str:
+        return f"ErrorPolicy({self.name!r})"

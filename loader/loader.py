@@ -1,0 +1,284 @@
+"""Loader: batches of a ShardDataset, prefetched by worker processes, resumable.
+
+The Loader owns the epoch, the position in it and the state dict; it asks
+the dataset for this rank's plan (shardfeed.shuffling) and hands batch ``s``
+of the plan (positions ``s*b .. (s+1)*b``) to worker ``s % num_workers``
+(workers.py), which reads, decodes and collates it into a shared-memory slot
+(shm.py). The main process takes batches in plan order, so the sequence is
+the same for any ``num_workers``, including 0 (no processes at all).
+
+Epochs: a finished epoch moves the loader to the next one; ``set_epoch(e)``
+jumps to epoch ``e`` (and is a no-op when ``e`` is the current epoch, so a
+training loop that calls it every epoch keeps a resumed mid-epoch position).
+
+State (``state_dict()``): positions and counters only, see state.py.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from typing import Any, Callable, Iterator
+
+import torch
+
+from shardfeed.loader import state as _state
+from shardfeed.loader.collate import materialize
+from shardfeed.loader.dataset import ShardDataset
+from shardfeed.loader.errors import ErrorPolicy
+from shardfeed.loader.schedule import BatchSchedule, Stage
+from shardfeed.loader.stats import LoaderStats
+from shardfeed.loader.workers import WorkerPool
+
+
+class Loader:
+    """Iterates batches (dict of tensors and lists) of ``dataset`` for this rank.
+
+    batch_size: an int; or a list with one batch size per rank, the same list
+    on every rank (each rank's share of the epoch is proportional to its
+    batch size and every rank takes the same number of steps); or a
+    schedule over epochs: a ``BatchSchedule`` of ``Stage(batch_size,
+    image_size, epochs)``, or a callable ``epoch -> int | list | Stage``.
+    num_workers: worker processes (0: read in this process). prefetch:
+    batches each worker may have ready ahead of the consumer (so up to
+    ``prefetch * num_workers`` are in flight). collate_fn: ``list of sample
+    dicts -> batch`` (default: numbers and same-shaped arrays stacked into
+    tensors, bytes and str as lists). pin_memory: pin tensors (only where an
+    accelerator exists; otherwise a warning and no pinning, as in torch).
+    """
+
+    def __init__(self, dataset: ShardDataset, batch_size, num_workers: int = 0, prefetch: int = 2,
+                 collate_fn: Callable | None = None, pin_memory: bool = False):
+        if not isinstance(dataset, ShardDataset):
+            raise TypeError(f"dataset must be a shardfeed.loader.ShardDataset, got {type(dataset).__name__}")
+        for name, v, lo in (("num_workers", num_workers, 0), ("prefetch", prefetch, 1)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise ValueError(f"{name}={v!r} must be an int >= {lo}")
+        if collate_fn is not None and not callable(collate_fn):
+            raise TypeError(f"collate_fn must be callable, got {collate_fn!r}")
+        self.dataset = dataset
+        self.schedule = BatchSchedule.of(batch_size)
+        self.stage(dataset.epoch)  # validate the batch size(s) against the world size now
+        self.num_workers = num_workers
+        self.prefetch = prefetch
+        self.collate_fn = collate_fn
+        if pin_memory and not torch.cuda.is_available():
+            warnings.warn("pin_memory=True but no accelerator is available: batches are not pinned", stacklevel=2)
+            pin_memory = False
+        self.pin_memory = pin_memory
+        self.policy = ErrorPolicy(dataset.on_error)
+        self._epoch = dataset.epoch
+        self._step = 0
+        self._history: tuple = ()  # earlier world sizes of this epoch: ((world_size, weights), consumed)
+        self._pool: WorkerPool | None = None
+        self._maker = None
+        self._stats = LoaderStats()
+        self._closed = False
+        self._gen = 0  # iteration generation: an older iterator stops when a new one starts
+
+    # -- epochs and stages ---------------------------------------------
+    def stage(self, epoch: int | None = None) -> Stage:
+        """The schedule's stage of ``epoch`` (default: the current one), checked against the world size."""
+        s = self.schedule.at(self._epoch if epoch is None else epoch)
+        s.rank_batch(self.dataset.rank, self.dataset.world_size)
+        return s
+
+    def _batch(self, stage: Stage) -> tuple[int, tuple | None]:
+        w = self.dataset.world_size
+        return stage.rank_batch(self.dataset.rank, w), stage.weights(w)
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Go to the start of ``epoch``; a no-op for the current epoch (keeps a resumed position)."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"epoch={epoch!r} must be an int >= 0")
+        if epoch != self._epoch:
+            self._epoch, self._step, self._history = epoch, 0, ()
+        self.dataset.set_epoch(epoch)
+
+    def _plan(self, history=None):
+        bs, weights = self._batch(self.stage())
+        plan = self.dataset.plan(self._epoch, weights, self._history if history is None else history)
+        return plan, bs
+
+    def __len__(self) -> int:
+        """Steps per epoch (the current epoch, from its start)."""
+        plan, bs = self._plan(history=())
+        return plan.steps(bs)
+
+    # -- iteration -------------------------------------------------------
+    def __iter__(self) -> Iterator[Any]:
+        if self._closed:
+            raise RuntimeError("Loader is closed; create a new one (state_dict/load_state_dict to resume)")
+        self._gen += 1
+        return self._iterate(self._gen)
+
+    def _iterate(self, gen: int):
+        plan, bs = self._plan()
+        stage = self.stage()
+        self.dataset.image_size = stage.image_size
+        steps = plan.steps(bs)
+        n = plan.num_samples
+        start = min(self._step, steps)
+        st = self._stats
+        st.started = time.perf_counter()
+        try:
+            if self.num_workers == 0:
+                maker = self._maker or self.dataset.maker(self.collate_fn)
+                self._maker = maker
+                resumed = time.perf_counter()
+                for s in range(start, steps):
+                    cols, info = maker.make(plan.positions(s * bs, min(n, (s + 1) * bs)), stage.image_size)
+                    t1 = time.perf_counter()
+                    batch = materialize(cols, self.pin_memory)
+                    self._account(info, resumed, t1)
+                    self._step = s + 1
+                    yield batch
+                    resumed = time.perf_counter()
+                    if gen != self._gen:
+                        return
+            else:
+                pool = self._start_pool()
+                pool.drain()
+                W, P = self.num_workers, self.prefetch
+                sent = start
+                resumed = time.perf_counter()
+                for s in range(start, steps):
+                    while sent < steps and sent < s + P * W:
+                        pool.submit(sent % W, sent, plan.positions(sent * bs, min(n, (sent + 1) * bs)),
+                                    (sent // W) % P, stage.image_size)
+                        sent += 1
+                    cols, info = pool.receive(s % W, s, (s // W) % P)
+                    t1 = time.perf_counter()
+                    batch = materialize(cols, self.pin_memory)
+                    self._account(info, resumed, t1)
+                    self._step = s + 1
+                    yield batch
+                    resumed = time.perf_counter()
+                    if gen != self._gen:
+                        return
+        except BaseException:
+            if self._pool is not None and not isinstance(_current_exc(), GeneratorExit):
+                self._shutdown_pool()
+            raise
+        finally:
+            if st.started is not None:
+                st.elapsed_s += time.perf_counter() - st.started
+                st.started = None
+        # the epoch is complete: move on to the next one
+        self._epoch, self._step, self._history = self._epoch + 1, 0, ()
+        self.dataset.set_epoch(self._epoch)
+
+    def _account(self, info: dict, resumed: float, t1: float) -> None:
+        st = self._stats
+        now = time.perf_counter()
+        st.wait_s += now - resumed  # from the consumer asking for a batch to having it
+        st.transfer_s += now - t1
+        st.samples += info["samples"]
+        st.batches += 1
+        st.add_info(info, self.policy.report(info["errors"]) if info["errors"] else 0)
+
+    def _start_pool(self) -> WorkerPool:
+        if self._pool is None:
+            dataset, collate_fn = self.dataset, self.collate_fn
+            self._pool = WorkerPool(self.num_workers, lambda: dataset.maker(collate_fn), slots=self.prefetch)
+        return self._pool
+
+    def _shutdown_pool(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    def worker_pids(self) -> list[int]:
+        """Pids of the running worker processes (empty before the first iteration)."""
+        return self._pool.pids() if self._pool is not None else []
+
+    # -- state -----------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Where the job stands: epoch, steps taken, world size, batch sizes (small)."""
+        stage = self.stage()
+        w = self.dataset.world_size
+        sizes = [stage.rank_batch(r, w) for r in range(w)]
+        return _state.make(self.dataset, self._epoch, self._step, sizes, self._history)
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state``: exactly, or (another world size or per-rank
+        batch sizes) with the samples the saved job had not yet consumed."""
+        s = _state.check(state, self.dataset)
+        epoch = s["epoch"]
+        self._gen += 1  # any live iterator of the old position stops
+        self._epoch = epoch
+        self.dataset.set_epoch(epoch)
+        stage = self.stage()
+        w = self.dataset.world_size
+        sizes = [stage.rank_batch(r, w) for r in range(w)]
+        history = tuple(((h[0], tuple(h[1]) if h[1] else None), tuple(h[2])) for h in s["history"])
+        if s["world_size"] == w and list(s["batch_sizes"]) == sizes:
+            self._history, self._step = history, s["step"]
+            return
+        old_w, old_sizes = s["world_size"], list(s["batch_sizes"])
+        old_weights = None if len(set(old_sizes)) == 1 and old_sizes == [old_sizes[0]] * old_w else tuple(old_sizes)
+        old = _OldJob(self.dataset, old_w, old_weights)
+        counts = [p.num_samples for p in old.plan(epoch, history).all_ranks()]
+        consumed = tuple(min(s["step"] * b, c) for b, c in zip(old_sizes, counts))
+        self._history = history + (((old_w, old_weights), consumed),)
+        self._step = 0
+
+    # -- stats and lifecycle ---------------------------------------------
+    def stats(self) -> dict:
+        """samples, batches, samples_per_s, wait_s (data stall), stall_fraction,
+        read_s/decode_s/collate_s (summed over workers), transfer_s, bytes_read,
+        errors_skipped."""
+        return self._stats.snapshot()
+
+    def close(self) -> None:
+        """Stop the workers and free shared memory; safe to call twice."""
+        self._closed = True
+        self._gen += 1
+        self._shutdown_pool()
+        if self._maker is not None:
+            self._maker.close()
+            self._maker = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        return (f"Loader({self.dataset!r}, schedule={self.schedule!r}, num_workers={self.num_workers}, "
+                f"epoch={self._epoch}, step={self._step})")
+
+
+class _OldJob:
+    """The dataset as the saved job saw it: another world size, rank 0."""
+
+    def __init__(self, dataset: ShardDataset, world_size: int, weights):
+        self.dataset, self.world_size, self.weights = dataset, world_size, weights
+
+    def plan(self, epoch: int, history):
+        from shardfeed.shuffling import Topology, make_plan, replan
+
+        d = self.dataset
+        topo = Topology(0, self.world_size, self.weights)
+        if not history:
+            return make_plan(d.index.counts, d.order, d.seed, epoch, topo, drop_last=d.drop_last)
+        old = [(Topology(0, w, tuple(wt) if wt else None), tuple(c)) for (w, wt), c in history]
+        return replan(d.index.counts, d.order, d.seed, epoch, old[-1][0], old[-1][1], topo, history=old[:-1],
+                      drop_last=d.drop_last)
+
+
+def _current_exc():
+    import sys
+
+    return sys.exc_info()[1]

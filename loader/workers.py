@@ -1,0 +1,210 @@
+"""Worker processes: each makes the batches the main process assigns to it.
+
+Batch ``b`` of an epoch always goes to worker ``b % num_workers`` and the
+main process takes results in batch order, so the order never depends on the
+number of workers. Messages are values: ``("ok", b, header, info)`` or
+``("err", b, exception, traceback text)``; an exception raised in a worker is
+re-raised by the consumer. A worker that dies without a word (SIGKILL,
+segfault) is noticed through its process sentinel within ``poll_s``.
+
+Processes are forked (fast start; the dataset's index is inherited, not
+pickled). Workers touch numpy, numba and pyarrow, not torch's thread pools,
+and set torch to one thread, so a fork after torch started its threads is
+safe. Each worker also watches its parent: if the main process is killed, the
+workers exit instead of lingering as orphans.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import traceback
+from multiprocessing.connection import wait
+
+from shardfeed.formats import ShardError
+from shardfeed.loader import shm
+from shardfeed.loader.errors import WorkerError
+
+_PARENT_CHECK_S = 1.0
+
+
+def _portable(exc: BaseException):
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+
+
+def _worker_main(wid: int, make_maker, tasks, results, prefix: str, slots: int, parent: int,
+                 close_fds) -> None:
+    for c in close_fds:
+        c.close()
+    try:
+        import torch
+
+        torch.set_num_threads(1)
+    except Exception:
+        pass
+    maker = make_maker()
+    writer = shm.SlotWriter(prefix, wid, slots)
+    try:
+        while True:
+            if not tasks.poll(_PARENT_CHECK_S):
+                if os.getppid() != parent:
+                    return
+                continue
+            try:
+                msg = tasks.recv()
+            except (EOFError, OSError):
+                return
+            if msg is None:
+                return
+            b, ids, slot, image_size = msg
+            try:
+                columns, info = maker.make(ids, image_size, alloc=writer.alloc(slot))
+                header = writer.pack(slot, columns)
+                out = ("ok", b, header, info)
+            except BaseException as e:  # noqa: BLE001 - every failure travels to the consumer
+                out = ("err", b, _portable(e), traceback.format_exc())
+            try:
+                results.send(out)
+            except (BrokenPipeError, OSError):
+                return
+    finally:
+        writer.close()
+        maker.close()
+
+
+class WorkerPool:
+    """``num_workers`` named daemon processes with a task and a result pipe each."""
+
+    def __init__(self, num_workers: int, make_maker, slots: int, name: str = "shardfeed-loader"):
+        ctx = mp.get_context("fork")
+        self.prefix = shm.new_prefix()
+        self.slots = slots
+        self.reader = shm.SlotReader()
+        self.procs, self.tasks, self.results = [], [], []
+        self.outstanding: list[int] = []
+        self._current: dict[tuple[int, int], str] = {}
+        self._closed = False
+        ends = []
+        for w in range(num_workers):
+            t_recv, t_send = ctx.Pipe(duplex=False)
+            r_recv, r_send = ctx.Pipe(duplex=False)
+            ends.append((t_recv, t_send, r_recv, r_send))
+        try:
+            for w, (t_recv, t_send, r_recv, r_send) in enumerate(ends):
+                # the child closes every end that is not its own, so EOF works both ways
+                others = [c for i, e in enumerate(ends) for c in e if not (i == w and c in (t_recv, r_send))]
+                p = ctx.Process(target=_worker_main, name=f"{name}-{w}", daemon=True,
+                                args=(w, make_maker, t_recv, r_send, self.prefix, slots, os.getpid(), others))
+                p.start()
+                self.procs.append(p)
+        finally:
+            for t_recv, t_send, r_recv, r_send in ends:
+                t_recv.close()
+                r_send.close()
+        self.tasks = [e[1] for e in ends]
+        self.results = [e[2] for e in ends]
+        self.outstanding = [0] * num_workers
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.procs)
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def submit(self, w: int, b: int, ids, slot: int, image_size) -> None:
+        if self._closed:
+            raise RuntimeError("the loader's workers are closed")
+        try:
+            self.tasks[w].send((b, ids, slot, image_size))
+        except (BrokenPipeError, OSError):
+            self._raise_dead(w, b)
+        self.outstanding[w] += 1
+
+    def receive(self, w: int, b: int, slot: int, timeout: float | None = None):
+        """The result of batch ``b`` from worker ``w``: (columns as views, info)."""
+        conn, proc = self.results[w], self.procs[w]
+        sentinels = [p.sentinel for p in self.procs]
+        while True:
+            ready = wait([conn] + sentinels, timeout=timeout)
+            if not ready:
+                raise WorkerError(f"worker {w} (pid {proc.pid}) sent nothing for batch {b} in {timeout} s")
+            if conn in ready:
+                try:
+                    msg = conn.recv()
+                except (EOFError, OSError):
+                    self._raise_dead(w, b)
+                self.outstanding[w] -= 1
+                kind, got, payload, extra = msg
+                if kind == "err":
+                    self.close()
+                    if isinstance(payload, ShardError):
+                        payload.add_note(f"in loader worker {w} (pid {proc.pid}), batch {b}:\n{extra}")
+                        raise payload
+                    raise WorkerError(f"loader worker {w} (pid {proc.pid}) failed on batch {b}: "
+                                      f"{type(payload).__name__}: {payload}\n--- worker traceback ---\n{extra}") \
+                        from payload
+                if got != b:
+                    continue  # a result of an abandoned iteration
+                name = payload.get("seg")
+                if name is not None and self._current.get((w, slot)) != name:
+                    old = self._current.get((w, slot))
+                    self._current[(w, slot)] = name
+                    if old is not None:
+                        self.reader.forget(old)  # the worker outgrew it
+                return self.reader.unpack(payload), extra
+            for i, p in enumerate(self.procs):
+                if p.sentinel in ready and not p.is_alive():
+                    self._raise_dead(i, b)
+
+    def _raise_dead(self, w: int, b: int):
+        p = self.procs[w]
+        p.join(timeout=1)
+        code = p.exitcode
+        how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
+        self.close()
+        raise WorkerError(f"loader worker {w} (pid {p.pid}) {how} while the main process waited for batch {b}; "
+                          "the epoch cannot continue (resume from the last state_dict())")
+
+    def drain(self) -> None:
+        """Discard results of an abandoned iteration so the next one starts clean."""
+        for w in range(self.num_workers):
+            while self.outstanding[w] > 0:
+                self._discard(w)
+
+    def _discard(self, w: int) -> None:
+        conn, proc = self.results[w], self.procs[w]
+        ready = wait([conn, proc.sentinel], timeout=60)
+        if conn not in ready:
+            self._raise_dead(w, -1)
+        conn.recv()  # a result (or error) nobody waits for any more
+        self.outstanding[w] -= 1
+
+    def close(self) -> None:
+        """Stop and join the workers, remove their segments; safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        for c in self.tasks:
+            try:
+                c.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+        for p in self.procs:
+            p.join(timeout=2)
+        for p in self.procs:
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=2)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        for c in self.tasks + self.results:
+            c.close()
+        self.reader.close()
+        shm.cleanup(self.prefix)
