@@ -59,6 +59,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--field", action="append", metavar="COL=EXT[:file|:base64]",
                    help="map a table column to a sample field (repeatable)")
     p.add_argument("--key-column", metavar="COL", help="table column holding each sample's key")
+    p.add_argument("--image-field", metavar="NAME",
+                   help="image folders: store every image as field NAME instead of its extension "
+                        "(one column when the folder mixes .jpg and .png)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing DST (swapped in at the end)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
@@ -94,13 +97,16 @@ def main(args) -> int:
     from shardfeed.formats import ShardError
     from shardfeed.tools.convert_job import check_destination, convert
     from shardfeed.tools.field_map import parse_field_specs
+    from shardfeed.formats.writer import check_field
     from shardfeed.tools.sources import open_source
 
     try:
         opts = _options(args)
         specs = parse_field_specs(args.field)
+        if args.image_field:
+            check_field(args.image_field)
         check_destination(args.dst, opts.overwrite, args.src)
-        source = open_source(args.src, args.source_type, specs, args.key_column)
+        source = open_source(args.src, args.source_type, specs, args.key_column, args.image_field)
     except (ValueError, ShardError) as e:
         print(f"shardfeed convert: error: {e}", file=sys.stderr)
         return 2

@@ -112,7 +112,10 @@ def write_part(source, ids: np.ndarray, part_dir: str, opts: ConvertOptions,
                 try:
                     writer.write(sample)
                 except (ValueError, TypeError) as e:
-                    raise ShardError(where, f"sample {key!r}: {e}") from None
+                    hint = ""
+                    if "one schema" in str(e) and getattr(source, "kind", "") == "images":
+                        hint = "; the folder mixes image types: pass --image-field NAME (e.g. image) or --format tar"
+                    raise ShardError(where, f"{e}{hint}") from None
             report(len(batch))
     source.close()
     return writer.shards, writer.fields

@@ -121,6 +121,9 @@ class UnitSource(Source):
 class ImageFolderSource(Source):
     """``ROOT/<class>/**/<file>.<image ext>`` -> ``{"__key__": "<class>/<stem>", ext: bytes, "cls": i}``.
 
+    ``ext`` is the file's extension (lower case, ``jpeg`` -> ``jpg``), or
+    ``image_field`` for every image (one column when the folder mixes types).
+
     Classes are the subfolder names in sorted order (torchvision's
     ImageFolder convention); ``classes.txt`` beside the shards lists them,
     line ``i`` naming class ``i``. Hidden files and non-image files are
@@ -129,8 +132,9 @@ class ImageFolderSource(Source):
 
     kind = "images"
 
-    def __init__(self, root: str):
+    def __init__(self, root: str, image_field: str | None = None):
         self.root = root
+        self.image_field = image_field
         self.classes = sorted(d for d in os.listdir(root)
                               if not d.startswith(".") and os.path.isdir(os.path.join(root, d)))
         if not self.classes:
@@ -163,7 +167,7 @@ class ImageFolderSource(Source):
                     self.labels.append(label)
                     self.keys.append(key)
                     ext = ext.lower()
-                    self.exts.append("jpg" if ext == "jpeg" else ext)
+                    self.exts.append(image_field or ("jpg" if ext == "jpeg" else ext))
         if not self.paths:
             raise ShardError(root, f"class folders {self.classes[:5]} hold no image files")
 
@@ -271,7 +275,8 @@ def resolve_inputs(src: str) -> tuple[str, list[str]]:
     raise ShardError(src, "no such file, folder or matching pattern")
 
 
-def open_source(src: str, kind: str | None = None, fields=(), key_column: str | None = None) -> Source:
+def open_source(src: str, kind: str | None = None, fields=(), key_column: str | None = None,
+                image_field: str | None = None) -> Source:
     """The source for SRC (``kind`` overrides detection)."""
     detected, files = resolve_inputs(src)
     if kind and kind != detected:
@@ -287,8 +292,10 @@ def open_source(src: str, kind: str | None = None, fields=(), key_column: str | 
         raise ValueError(f"source type {kind!r} is not one of {', '.join(KINDS)}")
     if (fields or key_column) and kind in ("images", "tar", "dataset"):
         raise ValueError(f"--field and --key-column apply to table sources (jsonl, csv, parquet), not {kind}")
+    if image_field and kind != "images":
+        raise ValueError(f"--image-field applies to image folders, not {kind}")
     if kind == "images":
-        return ImageFolderSource(files[0])
+        return ImageFolderSource(files[0], image_field)
     if kind == "dataset":
         return ShardSource([open_index(files[0])], "dataset")
     if kind == "tar":
