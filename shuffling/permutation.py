@@ -48,7 +48,13 @@ def _f(r, rkey, m):
 @numba.njit(cache=True, inline="always")
 def _encrypt(x, a, b, rkeys):
     left = x // b
-    right = x - left * b
+    return _encrypt_lr(left, x - left * b, a, b, rkeys)
+
+
+@numba.njit(cache=True, inline="always")
+def _encrypt_lr(left, right, a, b, rkeys):
+    # x = left * b + right already split: callers walking consecutive x keep
+    # (left, right) as a counter and skip the 64-bit division (~40 cycles).
     ma = a  # modulus of left
     mb = b  # modulus of right
     for r in range(rkeys.shape[0]):
@@ -113,8 +119,14 @@ def _take(idx, n, a, b, rkeys, out):
 
 @numba.njit(cache=True)
 def _range(start, stop, n, a, b, rkeys, out):
+    left = start // b
+    right = start - left * b
     for j in range(stop - start):
-        out[j] = _encrypt(start + j, a, b, rkeys)
+        out[j] = _encrypt_lr(left, right, a, b, rkeys)
+        right += 1
+        if right == b:
+            right = 0
+            left += 1
     _walk_out(out, n, a, b, rkeys)
 
 

@@ -13,7 +13,14 @@ import numba
 import numpy as np
 
 from shardfeed.shuffling.keys import STREAM_GLOBAL, STREAM_SHARDS, STREAM_WINDOWS, derive_key, epoch_key
-from shardfeed.shuffling.permutation import Permutation, feistel_params, permute_one
+from shardfeed.shuffling.permutation import (
+    Permutation,
+    _encrypt,
+    _encrypt_lr,
+    _walk_out,
+    feistel_params,
+    permute_one,
+)
 
 
 @numba.njit(cache=True, inline="always")
@@ -147,14 +154,33 @@ class Windows(Sequence):
 def _strided_perm(start, stop, w, s, cw, length, n, a, b, rkeys, out):
     # Fused deal + permutation for `global` plans that cover the whole epoch:
     # rank position p -> dealt position -> padding folded -> perm.
-    for j in range(stop - start):
-        p = start + j
-        v = (p // w) * s + cw + p % w
-        if v >= length:
-            v = v % length
-        out[j] = v
-    for j in range(stop - start):
-        out[j] = permute_one(out[j], n, a, b, rkeys)
+    if w == 1:
+        # v = p*s + cw steps by s: keep v split as (left, right) for the
+        # Feistel and add s's split each step, no division per value.
+        v = start * s + cw
+        left = v // b
+        right = v - left * b
+        ds_left = s // b
+        ds_right = s - ds_left * b
+        for j in range(stop - start):
+            if v < length:
+                out[j] = _encrypt_lr(left, right, a, b, rkeys)
+            else:
+                out[j] = _encrypt(v % length, a, b, rkeys)
+            v += s
+            left += ds_left
+            right += ds_right
+            if right >= b:
+                right -= b
+                left += 1
+    else:
+        for j in range(stop - start):
+            p = start + j
+            v = (p // w) * s + cw + p % w
+            if v >= length:
+                v = v % length
+            out[j] = _encrypt(v, a, b, rkeys)
+    _walk_out(out, n, a, b, rkeys)
 
 
 def strided_global_ids(seq: GlobalPermuted, start, stop, w, s, cw, length) -> np.ndarray:

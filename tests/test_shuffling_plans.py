@@ -190,3 +190,21 @@ def test_plan_input_errors():
     plan = make_plan(np.array([3, 4]), "global", topology=Topology(0, 2))
     with pytest.raises(IndexError, match=r"positions \[0, 5\) outside this rank's 0..4"):
         plan.positions(0, 5)
+
+
+@pytest.mark.parametrize("weights", [None, (2, 1, 3)])
+def test_global_is_the_permutation_dealt_round_robin(weights):
+    """The fused jitted deal must agree with the arithmetic in partition.py."""
+    from shardfeed.shuffling import Permutation, epoch_key
+
+    counts = np.array([40, 0, 33, 51], dtype=np.int64)
+    n = int(counts.sum())
+    perm = Permutation(n, epoch_key(9, 4))
+    topo = Topology(0, 3, weights)
+    unit, s = topo.unit_weights, sum(topo.unit_weights)
+    for plan in make_plan(counts, "global", 9, 4, topo).all_ranks():
+        r = plan.topology.rank
+        p = np.arange(plan.num_samples)
+        v = (p // unit[r]) * s + sum(unit[:r]) + p % unit[r]
+        assert np.array_equal(plan.positions(0, plan.num_samples), perm.take(v % n))
+        assert np.array_equal(plan.positions(5, 17), perm.take(v[5:17] % n))
