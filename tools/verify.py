@@ -37,7 +37,8 @@ def _sidecar_matches_scan(index, i: int) -> str | None:
 
     path = index.path(i)
     if not os.path.exists(path + SIDECAR_SUFFIX):
-        return None
+        return (f"sidecar {os.path.basename(path)}{SIDECAR_SUFFIX} is missing: readers fall back to scanning "
+                "and lose the per-sample checksums (re-create it with `shardfeed convert`)")
     stored, meta = read_sidecar(path + SIDECAR_SUFFIX, path)
     if meta.get("shard_hash") not in (None, index.hashes[i]):
         return f"sidecar was written for another version of the shard (hash {meta.get('shard_hash')})"
