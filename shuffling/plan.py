@@ -280,9 +280,10 @@ class EpochPlan:
         q = self._rounds_per_batch * self._deal.weights[rank]  # this rank's share of a batch
         out = []
         j, pos = start // q, start
-        group = max(1, (1 << 20) // (q * self._deal.world_size))
+        last = (stop - 1) // q + 1
+        group = max(1, (1 << 20) // (q * self._deal.world_size))  # bounds memory per call
         while pos < stop:
-            _, ids, ranks = self._assign_windows(j, j + group)
+            _, ids, ranks = self._assign_windows(j, min(last, j + group))
             mine = ids[ranks == rank]
             base = j * q
             out.append(mine[pos - base: stop - base])
