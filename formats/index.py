@@ -51,6 +51,21 @@ def check_shard_name(name: str, where: str) -> str:
     return name
 
 
+# An empty, "." or ".." path part (which covers absolute and trailing-slash
+# names), a backslash or a NUL: the same rule as check_shard_name, run over a
+# whole column in Arrow (100,000 names in ms instead of ~1 s of Python).
+_UNSAFE_NAME_RE = r"(^|/)\.{0,2}(/|$)|[\\\x00]"
+
+
+def check_shard_names(names: pa.Array, where: str) -> None:
+    import pyarrow.compute as pc
+
+    bad = pc.match_substring_regex(names, _UNSAFE_NAME_RE)
+    if pc.any(bad).as_py():
+        first = names.filter(bad)[0].as_py()
+        raise ShardError(where, f"index names an unsafe shard path {first!r}")
+
+
 def format_of(name: str) -> str:
     for suffix, fmt in ((".tar.zst", "tar.zst"), (".tar.gz", "tar.gz"), (".tgz", "tar.gz"), (".tar", "tar"),
                         (".parquet", "parquet"), (".arrow", "arrow")):
@@ -184,8 +199,7 @@ def _read_index_file(path: str, root: str) -> tuple[dict, list]:
     # copies, not views: the index must not depend on the mapped file staying as it was
     cols = [cols[0].to_pylist(), cols[1].to_pylist(), cols[2].to_numpy().copy(), cols[3].to_numpy().copy(),
             cols[4].to_pylist()]
-    for name in cols[0]:
-        check_shard_name(name, path)
+    check_shard_names(tbl.column("name").combine_chunks(), path)
     bad = set(cols[1]) - set(FORMATS)
     if bad:
         raise ShardError(path, f"index names unknown shard formats {sorted(bad)!r} (expected {FORMATS})")

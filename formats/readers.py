@@ -269,6 +269,7 @@ class ColumnarShardReader:
         np.cumsum(sizes, out=self.group_start[1:])
         self.fields = [n for n in schema.names if n != "__key__"]
         self._cached: tuple[int, pa.RecordBatch] | None = None
+        self._mapped: dict[int, pa.RecordBatch] = {}
 
     def __len__(self) -> int:
         return int(self.group_start[-1])
@@ -276,6 +277,8 @@ class ColumnarShardReader:
     def _group(self, g: int) -> pa.RecordBatch | pa.Table:
         if self._cached is not None and self._cached[0] == g:
             return self._cached[1]
+        if g in self._mapped:
+            return self._mapped[g]
         try:
             batch = self._pf.read_row_group(g) if self._pf is not None else self._ipc.get_batch(g)
             batch.validate(full=True)
@@ -284,7 +287,12 @@ class ColumnarShardReader:
                                  f"{self.group_start[g + 1] - self.group_start[g]}")
         except (pa.ArrowException, OSError, ValueError) as e:
             raise ShardError(self.path, f"row group {g} is unreadable: {e}") from e
-        self._cached = (g, batch)
+        if self._pf is None:
+            # Arrow batches are views of the mapping: keeping every validated
+            # one costs no memory and spares random access a re-validation.
+            self._mapped[g] = batch
+        else:
+            self._cached = (g, batch)
         return batch
 
     def read(self, i: int) -> dict[str, Any]:
@@ -304,6 +312,7 @@ class ColumnarShardReader:
 
     def close(self) -> None:
         self._cached = None
+        self._mapped = {}
         self._ipc = None
         if self._src is not None:
             self._src.close()

@@ -274,3 +274,23 @@ def test_damaged_index_count_is_caught_by_its_digest(make_dataset):
     raw[at] = 11
     open(path, "wb").write(raw)
     _raises(lambda: open_index(root), path, "fails its digest")
+
+
+@pytest.mark.parametrize("name", ["a.tar", "d/a.tar", "", "/a", "a/", "a//b", "./a", "../a", "a/..", "a/.",
+                                  "a/./b", ".", "..", "a\\b", "a\x00b", "..a.tar", "a..tar", ".h.tar", "a/.b/c"])
+def test_vectorised_shard_name_check_agrees_with_the_scalar_one(name):
+    """The index checks 100,000 names in one Arrow regex; it must accept and
+    refuse exactly what the scalar check does."""
+    import pyarrow as pa
+    from shardfeed.formats.index import check_shard_name, check_shard_names
+    try:
+        check_shard_name(name, "w")
+        scalar = True
+    except ShardError:
+        scalar = False
+    try:
+        check_shard_names(pa.array(["ok.tar", name]), "w")
+        vector = True
+    except ShardError:
+        vector = False
+    assert scalar == vector
