@@ -177,11 +177,8 @@ class _ColumnarView:
         for g in np.unique(groups).tolist():
             sel = np.flatnonzero(groups == g)
             if self._group is None or self._group[0] != g:
-                try:
-                    tbl = r._pf.read_row_group(g) if r._pf is not None else pa.Table.from_batches([r._batches[g]])
-                except (pa.ArrowException, OSError) as e:
-                    raise ShardError(self.path, f"row group {g} is unreadable: {e}") from e
-                self._group = (g, tbl)
+                got = r._group(g)  # validated in full there: Arrow follows offsets blindly
+                self._group = (g, got if isinstance(got, pa.Table) else pa.Table.from_batches([got]))
             parts.append(self._group[1].take(pa.array(local[sel] - r.group_start[g])))
             order.append(sel)
         tbl = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
