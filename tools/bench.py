@@ -1,0 +1,94 @@
+"""`shardfeed bench`: the benchmarks, one sub-subcommand each.
+
+    shardfeed bench read      read throughput against peers (bench_read)
+    shardfeed bench shuffle   shuffle quality (bench_shuffle)
+    shardfeed bench formats   format size and speed (bench_formats)
+    shardfeed bench all       each of the above in turn
+
+Each benchmark is its own module with ``add_arguments`` and ``main``; one that
+is not built yet in this checkout is reported as "not built" instead of
+breaking the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+BENCHES = {
+    "read": ("shardfeed.tools.bench_read", "read throughput of shardfeed and its peers, side by side"),
+    "shuffle": ("shardfeed.tools.bench_shuffle", "shuffle quality against peers"),
+    "formats": ("shardfeed.tools.bench_formats", "shard formats: size on disk and speed"),
+}
+
+
+def _load(name: str):
+    """The benchmark's module, or None when it is not in this checkout."""
+    module = BENCHES[name][0]
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name != module:
+            raise  # the module is there but something it needs is not: a real error
+        return None
+
+
+def _add_out(parser: argparse.ArgumentParser) -> None:
+    if not any("--out" in a.option_strings for a in parser._actions):
+        parser.add_argument("--out", default="bench-results", help="folder for the results (default: %(default)s)")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="bench", required=True, metavar="{read,shuffle,formats,all}")
+    for name, (_, help_text) in BENCHES.items():
+        p = sub.add_parser(name, help=help_text)
+        mod = _load(name)
+        if mod is None:
+            p.description = f"{help_text} (not built in this checkout)"
+            p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+        else:
+            mod.add_arguments(p)
+        _add_out(p)
+    p = sub.add_parser("all", help="run every benchmark with its defaults")
+    _add_out(p)
+    p.add_argument("--quick", action="store_true", help="pass --quick to the benchmarks that take it")
+
+
+def _defaults(mod, out: str, quick: bool) -> argparse.Namespace:
+    """The benchmark's own defaults, with the shared --out (and --quick where it has one)."""
+    p = argparse.ArgumentParser()
+    mod.add_arguments(p)
+    _add_out(p)
+    argv = ["--out", out]
+    if quick and any("--quick" in a.option_strings for a in p._actions):
+        argv.append("--quick")
+    return p.parse_args(argv)
+
+
+def run_one(name: str, args: argparse.Namespace) -> int:
+    mod = _load(name)
+    if mod is None:
+        print(f"shardfeed bench {name}: not built ({BENCHES[name][0]} is not in this checkout)")
+        return 0
+    return int(mod.main(args) or 0)
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.bench != "all":
+        return run_one(args.bench, args)
+    codes = {}
+    for name in BENCHES:
+        mod = _load(name)
+        if mod is None:
+            codes[name] = "not built"
+            print(f"shardfeed bench {name}: not built ({BENCHES[name][0]} is not in this checkout)")
+            continue
+        try:
+            codes[name] = int(mod.main(_defaults(mod, args.out, args.quick)) or 0)
+        except Exception as e:  # one broken benchmark must not hide the others' results
+            print(f"shardfeed bench {name}: error: {type(e).__name__}: {e}", file=sys.stderr)
+            codes[name] = 1
+    print("bench all: " + ", ".join(f"{n} {'ok' if c == 0 else c if isinstance(c, str) else f'exit {c}'}"
+                                    for n, c in codes.items()))
+    return 1 if any(isinstance(c, int) and c != 0 for c in codes.values()) else 0

@@ -1,0 +1,84 @@
+"""One benchmark configuration in a fresh process: ``python -m
+shardfeed.tools.bench_child '<json job>'``.
+
+A fresh process per configuration keeps each peak RSS its own, and isolates
+a peer that crashes or cannot be imported. The last stdout line is
+``BENCH_RESULT <json>``; libraries may print anything before it.
+
+Jobs:
+- ``{"mode": "write", "library", "folder", "count", "size"}``: writes the
+  samples with the library's own writer.
+- ``{"mode": "read", "library", "folder", "count", "size", "workers",
+  "shuffle", "batch_size", "expected"}``: one timed pass, content-checked.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+import traceback
+
+RESULT_PREFIX = "BENCH_RESULT "
+
+
+def _short(e: BaseException) -> str:
+    text = f"{type(e).__name__}: {e}".replace("\n", " ")
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _peak_rss_mib() -> float:
+    # ru_maxrss is KiB on Linux; children = the largest waited-for child.
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return round(max(own, kids) / 1024, 1)
+
+
+def run(job: dict) -> dict:
+    from shardfeed.tools.bench_peers import ADAPTERS
+    from shardfeed.tools.bench_samples import ContentCheck, SampleSpec
+
+    adapter = ADAPTERS[job["library"]]
+    try:
+        adapter.load(read=job["mode"] == "read")
+    except Exception as e:  # ImportError and friends: the library is absent or broken here
+        # A missing peer is optional; shardfeed itself failing to import is a fault.
+        return {"status": f"{'skipped' if adapter.peer else 'error'}: cannot import ({_short(e)})"}
+    spec = SampleSpec(job["count"], job["size"])
+
+    if job["mode"] == "write":
+        start = time.perf_counter()
+        adapter.write(spec, job["folder"])
+        return {"status": "ok", "write_s": time.perf_counter() - start}
+
+    check = ContentCheck()
+    first_batch_s = None
+    start = time.perf_counter()
+    for keys, payloads, classes in adapter.batches(job["folder"], job["workers"], job["shuffle"],
+                                                   job["batch_size"]):
+        if first_batch_s is None:
+            first_batch_s = time.perf_counter() - start
+        check.add(keys, payloads, classes)
+    elapsed = time.perf_counter() - start
+    result = {"elapsed_s": elapsed, "first_batch_s": first_batch_s, **check.result(),
+              "child_peak_rss_mib": _peak_rss_mib()}
+    wrong = check.mismatch(job["expected"])
+    result["status"] = f"FAILED: wrong content ({wrong})" if wrong else "ok"
+    return result
+
+
+def main(argv: list[str]) -> int:
+    job = json.loads(argv[0])
+    try:
+        result = run(job)
+    except Exception as e:
+        traceback.print_exc()
+        result = {"status": f"error: {_short(e)}"}
+    sys.stdout.flush()
+    print(RESULT_PREFIX + json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,213 @@
+"""One adapter per library in ``shardfeed bench read``: how it writes the
+benchmark samples with its own writer and how it reads them back through its
+usual PyTorch path.
+
+Every adapter yields ``(keys, payloads, classes)`` per batch, in whatever
+containers the library produces (lists, arrays, tensors); ``ContentCheck``
+normalises them. Library imports happen in ``load()`` so a missing or broken
+peer is reported as skipped, and the import is not timed.
+"""
+
+from __future__ import annotations
+
+import glob
+import math
+import os
+from typing import Iterator
+
+from shardfeed.tools.bench_samples import SampleSpec
+
+# Every dataset is cut into this many shards/chunks/files, whatever its size,
+# so 2 workers always have shards to split and quick runs look like full ones.
+NUM_SHARDS = 8
+
+
+def _per_shard(spec: SampleSpec) -> int:
+    return math.ceil(spec.count / NUM_SHARDS)
+
+
+class Adapter:
+    name = ""
+    label = ""
+    peer = True  # False for shardfeed itself
+
+    def load(self, read: bool) -> None:
+        """Imports what writing (``read=False``) or reading needs, before any timing starts;
+        raises ImportError (reported as skipped) when the library is absent."""
+        if read:
+            import torch.utils.data  # noqa: F401 (every read path is a torch DataLoader)
+
+    def write(self, spec: SampleSpec, folder: str) -> None:
+        raise NotImplementedError
+
+    def files(self, folder: str) -> list[str]:
+        """The data files a pass reads (for the warm-up read and `cat`)."""
+        return sorted(p for p in glob.glob(os.path.join(folder, "**", "*"), recursive=True)
+                      if os.path.isfile(p) and not p.endswith(".json"))
+
+    def batches(self, folder: str, workers: int, shuffle: bool, batch_size: int) -> Iterator:
+        raise NotImplementedError
+
+
+class ShardfeedAdapter(Adapter):
+    """shardfeed's own path: ShardDataset over the tar shards + Loader."""
+
+    name, label, peer = "shardfeed", "shardfeed", False
+
+    def load(self, read):
+        super().load(read)
+        if read:
+            from shardfeed.loader import Loader, ShardDataset  # noqa: F401
+        else:
+            from shardfeed.formats import ShardWriter  # noqa: F401
+
+    def write(self, spec, folder):
+        from shardfeed.formats import ShardWriter
+        with ShardWriter(folder, format="tar", max_shard_samples=_per_shard(spec)) as writer:
+            for sample in spec:
+                writer.write(sample)
+
+    def files(self, folder):
+        return sorted(glob.glob(os.path.join(folder, "*.tar")))
+
+    def batches(self, folder, workers, shuffle, batch_size):
+        from shardfeed.loader import Loader, ShardDataset
+        dataset = ShardDataset(folder, shuffle="global" if shuffle else "none", seed=0)
+        loader = Loader(dataset, batch_size=batch_size, num_workers=workers)
+        for batch in loader:
+            yield batch["__key__"], batch["bin"], batch["cls"]
+
+
+class WebDatasetAdapter(Adapter):
+    """webdataset's documented pipeline: shard shuffle + sample buffer, WebLoader."""
+
+    name, label = "webdataset", "webdataset"
+
+    def load(self, read):
+        super().load(read)
+        import webdataset  # noqa: F401
+
+    def write(self, spec, folder):
+        import webdataset as wds
+        pattern = os.path.join(folder, "shard-%06d.tar")
+        with wds.ShardWriter(pattern, maxcount=_per_shard(spec), verbose=0) as sink:
+            for sample in spec:
+                sink.write(sample)
+
+    def files(self, folder):
+        return sorted(glob.glob(os.path.join(folder, "*.tar")))
+
+    def batches(self, folder, workers, shuffle, batch_size):
+        import webdataset as wds
+        urls = self.files(folder)
+        dataset = wds.WebDataset(urls, shardshuffle=len(urls) if shuffle else False, seed=0,
+                                 empty_check=False)
+        if shuffle:
+            dataset = dataset.shuffle(1000)
+        dataset = dataset.decode().to_tuple("__key__", "bin", "cls").batched(batch_size, partial=True)
+        yield from wds.WebLoader(dataset, batch_size=None, num_workers=workers)
+
+
+def _collate_dicts(samples):
+    return ([s["key"] for s in samples], [s["bin"] for s in samples], [s["cls"] for s in samples])
+
+
+class LitDataAdapter(Adapter):
+    """litdata: BinaryWriter chunks read by StreamingDataset + StreamingDataLoader."""
+
+    name, label = "litdata", "litdata"
+
+    def load(self, read):
+        super().load(read)
+        import litdata  # noqa: F401
+
+    def write(self, spec, folder):
+        from litdata.streaming.writer import BinaryWriter
+        writer = BinaryWriter(folder, chunk_size=_per_shard(spec))
+        for i in range(spec.count):
+            writer.add_item(i, {"key": spec.key(i), "bin": spec.payload(i), "cls": spec.cls(i)})
+        writer.done()
+        writer.merge(1)
+
+    def batches(self, folder, workers, shuffle, batch_size):
+        from litdata import StreamingDataLoader, StreamingDataset
+        dataset = StreamingDataset(folder, shuffle=shuffle, seed=0)
+        yield from StreamingDataLoader(dataset, batch_size=batch_size, num_workers=workers,
+                                       collate_fn=_collate_dicts)
+
+
+def _collate_tuples(samples):
+    keys, payloads, classes = zip(*samples)
+    return list(keys), list(payloads), list(classes)
+
+
+class FilesAdapter(Adapter):
+    """A plain torch DataLoader over one file per sample."""
+
+    name, label = "files", "DataLoader, file per sample"
+
+    def load(self, read):
+        super().load(read)
+        if read:
+            import shardfeed.tools.bench_peer_datasets  # noqa: F401
+
+    def write(self, spec, folder):
+        made = set()
+        for i in range(spec.count):
+            cls_dir = os.path.join(folder, f"{spec.cls(i):03d}")
+            if cls_dir not in made:
+                os.makedirs(cls_dir, exist_ok=True)
+                made.add(cls_dir)
+            with open(os.path.join(cls_dir, spec.key(i) + ".bin"), "wb") as f:
+                f.write(spec.payload(i))
+
+    def batches(self, folder, workers, shuffle, batch_size):
+        import torch
+        from torch.utils.data import DataLoader
+        gen = torch.Generator().manual_seed(0)
+        from shardfeed.tools.bench_peer_datasets import FileDataset
+        yield from DataLoader(FileDataset(folder), batch_size=batch_size, shuffle=shuffle,
+                              num_workers=workers, collate_fn=_collate_tuples, generator=gen)
+
+
+class ParquetAdapter(Adapter):
+    """A plain pyarrow loop over Parquet row groups of one batch each, in a DataLoader."""
+
+    name, label = "parquet", "pyarrow Parquet loop"
+
+    def load(self, read):
+        super().load(read)
+        import pyarrow.parquet  # noqa: F401
+        if read:
+            import shardfeed.tools.bench_peer_datasets  # noqa: F401
+
+    def write(self, spec, folder, batch_size=256):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        os.makedirs(folder, exist_ok=True)
+        schema = pa.schema([("key", pa.string()), ("bin", pa.binary()), ("cls", pa.int64())])
+        per_file = _per_shard(spec)
+        for f, first in enumerate(range(0, spec.count, per_file)):
+            last = min(first + per_file, spec.count)
+            with pq.ParquetWriter(os.path.join(folder, f"part-{f:05d}.parquet"), schema,
+                                  compression="none") as writer:
+                for start in range(first, last, batch_size):
+                    ids = range(start, min(start + batch_size, last))
+                    writer.write_table(pa.table({"key": [spec.key(i) for i in ids],
+                                                 "bin": [spec.payload(i) for i in ids],
+                                                 "cls": [spec.cls(i) for i in ids]}, schema=schema),
+                                       row_group_size=batch_size)
+
+    def files(self, folder):
+        return sorted(glob.glob(os.path.join(folder, "*.parquet")))
+
+    def batches(self, folder, workers, shuffle, batch_size):
+        from torch.utils.data import DataLoader
+
+        from shardfeed.tools.bench_peer_datasets import ParquetRowGroups
+        yield from DataLoader(ParquetRowGroups(self.files(folder), shuffle, batch_size),
+                              batch_size=None, num_workers=workers)
+
+
+ADAPTERS: dict[str, Adapter] = {a.name: a for a in (
+    ShardfeedAdapter(), WebDatasetAdapter(), LitDataAdapter(), FilesAdapter(), ParquetAdapter())}

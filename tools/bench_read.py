@@ -1,0 +1,333 @@
+"""`shardfeed bench read`: read throughput of shardfeed and its peers, side by side in one run.
+
+Every library writes the same deterministic samples (2 KiB and 100 KiB
+payloads) with its own writer, then reads them through its usual PyTorch
+path with 0 and 2 workers, shuffle off and on. Each configuration runs in a
+fresh process (`bench_child`), its whole process tree's RSS sampled from
+here; every pass is content-checked and a pass with wrong content is
+reported FAILED, never as a number. `cat` of the shards, page cache warm,
+gives the machine's read limit in the same run. shardfeed is also read at a
+larger dataset size to show whether its memory grows with the dataset.
+
+Writes bench_read.md, bench_read.json and bench_read.png under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+from tqdm import tqdm
+
+from shardfeed.tools.bench_child import RESULT_PREFIX
+from shardfeed.tools.bench_peers import ADAPTERS
+from shardfeed.tools.bench_samples import GENERATOR_VERSION, SampleSpec
+
+SIZES = {"2KiB": 2048, "100KiB": 100 * 1024}
+# Default dataset sizes: about 128 MiB and 400 MiB of payload, so the whole
+# run (writing included) stays near 10 minutes on 2 cores.
+DEFAULT_COUNTS = {"2KiB": 65536, "100KiB": 4096}
+QUICK_COUNTS = {"2KiB": 4096, "100KiB": 256}
+MANIFEST = "bench-manifest.json"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default="bench-results", help="folder for the results (default: %(default)s)")
+    parser.add_argument("--data", default=None,
+                        help="folder for the benchmark datasets, reused when valid (default: OUT/data)")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"small datasets ({QUICK_COUNTS['2KiB']} x 2 KiB, {QUICK_COUNTS['100KiB']} x 100 KiB)")
+    parser.add_argument("--samples-2k", type=int, default=None, help="number of 2 KiB samples")
+    parser.add_argument("--samples-100k", type=int, default=None, help="number of 100 KiB samples")
+    parser.add_argument("--libraries", default=",".join(ADAPTERS),
+                        help="comma-separated subset of: " + ", ".join(ADAPTERS))
+    parser.add_argument("--workers", default="0,2", help="comma-separated worker counts (default: %(default)s)")
+    parser.add_argument("--shuffle", default="off,on", help="off, on or off,on (default: %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--growth", type=int, default=4,
+                        help="also read shardfeed's 2 KiB data at this many times the samples, "
+                             "to show RSS against dataset size; 0 turns it off (default: %(default)s)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="passes per configuration, each in a fresh process; the median is kept")
+    parser.add_argument("--timeout", type=float, default=600.0,
+                        help="seconds before one configuration is stopped and reported as an error")
+    parser.add_argument("--no-plot", action="store_true", help="skip the PNG plot")
+
+
+def _csv(value: str, allowed, what: str) -> list[str]:
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    bad = [v for v in items if v not in allowed]
+    if bad or not items:
+        raise ValueError(f"--{what} {value!r}: unknown {bad or 'empty list'}; choose from {', '.join(allowed)}")
+    return items
+
+
+def _positive(value, what: str) -> int:
+    if value is None or value < 1:
+        raise ValueError(f"{what} must be >= 1, got {value}")
+    return int(value)
+
+
+class Plan:
+    """What one run measures, checked up front so a typo fails in a second, not after minutes."""
+
+    def __init__(self, args):
+        self.out = os.path.abspath(args.out)
+        self.data = os.path.abspath(args.data or os.path.join(args.out, "data"))
+        counts = dict(QUICK_COUNTS if args.quick else DEFAULT_COUNTS)
+        if args.samples_2k is not None:
+            counts["2KiB"] = _positive(args.samples_2k, "--samples-2k")
+        if args.samples_100k is not None:
+            counts["100KiB"] = _positive(args.samples_100k, "--samples-100k")
+        self.counts = counts
+        self.libraries = _csv(args.libraries, list(ADAPTERS), "libraries")
+        self.workers = [int(w) for w in _csv(args.workers, [str(i) for i in range(65)], "workers")]
+        self.shuffles = [s == "on" for s in _csv(args.shuffle, ["off", "on"], "shuffle")]
+        self.batch_size = _positive(args.batch_size, "--batch-size")
+        self.repeats = _positive(args.repeats, "--repeats")
+        if args.growth < 0:
+            raise ValueError(f"--growth must be >= 0 (0 turns it off), got {args.growth}")
+        self.growth = args.growth if args.growth > 1 and "shardfeed" in self.libraries else 0
+        self.timeout = args.timeout
+        self.plot = not args.no_plot
+
+    def datasets(self):
+        """(library, size name, count) for every dataset the run reads."""
+        for size in SIZES:
+            for lib in self.libraries:
+                yield lib, size, self.counts[size]
+        if self.growth:
+            yield "shardfeed", "2KiB", self.counts["2KiB"] * self.growth
+
+    def folder(self, lib: str, size: str, count: int) -> str:
+        return os.path.join(self.data, f"{lib}-{size}-{count}")
+
+
+# --- child processes ------------------------------------------------------------------
+
+def _tree_rss(proc) -> int:
+    import psutil
+    total = 0
+    try:
+        procs = [proc] + proc.children(recursive=True)
+    except psutil.Error:
+        return 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass  # a worker that just exited
+    return total
+
+
+def run_child(job: dict, timeout: float) -> dict:
+    """Runs one job in a fresh interpreter, sampling the RSS of its whole process tree."""
+    import psutil
+    cmd = [sys.executable, "-m", "shardfeed.tools.bench_child", json.dumps(job)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    watched = psutil.Process(proc.pid)
+    peak = [0]
+    done = threading.Event()
+
+    def sample():
+        while not done.wait(0.02):
+            peak[0] = max(peak[0], _tree_rss(watched))
+
+    sampler = threading.Thread(target=sample, name="bench-rss-sampler", daemon=True)
+    sampler.start()
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)  # the child's own session: it and its workers, nothing else
+        proc.communicate()
+        return {"status": f"error: no result after {timeout:.0f} s (--timeout)"}
+    finally:
+        done.set()
+        sampler.join()
+    for line in reversed(out.splitlines()):
+        if line.startswith(RESULT_PREFIX):
+            result = json.loads(line[len(RESULT_PREFIX):])
+            break
+    else:
+        tail = (err.strip().splitlines() or ["no output"])[-1][:300]
+        return {"status": f"error: process exited {proc.returncode} without a result ({tail})"}
+    if result.get("status", "").startswith("error"):
+        result["stderr_tail"] = err[-2000:]
+    rss = max(peak[0] / 2**20, result.get("child_peak_rss_mib") or 0)
+    result["peak_rss_mib"] = round(rss, 1)
+    return result
+
+
+# --- datasets -------------------------------------------------------------------------
+
+def _listing(adapter, folder: str) -> dict:
+    files = adapter.files(folder)
+    return {"files": len(files), "bytes": sum(os.path.getsize(f) for f in files)}
+
+
+def expected_for(plan: Plan, size: str, count: int) -> dict:
+    """The digest a correct pass adds up to, cached beside the data."""
+    path = os.path.join(plan.data, f"expected-{size}-{count}-v{GENERATOR_VERSION}.json")
+    if os.path.exists(path):
+        with open(path) as f:
+            return json.load(f)
+    expected = SampleSpec(count, SIZES[size]).expected()
+    os.makedirs(plan.data, exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump(expected, f)
+    os.replace(path + ".tmp", path)
+    return expected
+
+
+def ensure_dataset(plan: Plan, lib: str, size: str, count: int) -> dict:
+    """Writes one library's dataset unless a complete one is there; returns {"status", ...}."""
+    adapter = ADAPTERS[lib]
+    folder = plan.folder(lib, size, count)
+    want = {"generator": GENERATOR_VERSION, "library": lib, "size": SIZES[size], "count": count}
+    manifest_path = os.path.join(folder, MANIFEST)
+    if os.path.exists(manifest_path):
+        with open(manifest_path) as f:
+            manifest = json.load(f)
+        if {k: manifest.get(k) for k in want} == want and manifest.get("listing") == _listing(adapter, folder):
+            return {"status": "ok", "reused": True, **manifest["listing"]}
+    tmp = folder + ".writing"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.rmtree(folder, ignore_errors=True)
+    os.makedirs(tmp)
+    result = run_child({"mode": "write", "library": lib, "folder": tmp, "count": count,
+                        "size": SIZES[size]}, plan.timeout)
+    if result.get("status") != "ok":
+        shutil.rmtree(tmp, ignore_errors=True)
+        return result
+    os.replace(tmp, folder)
+    listing = _listing(adapter, folder)
+    with open(manifest_path, "w") as f:
+        json.dump({**want, "listing": listing, "write_s": result.get("write_s")}, f)
+    return {"status": "ok", "reused": False, "write_s": result.get("write_s"), **listing}
+
+
+# --- the read limit ---------------------------------------------------------------------
+
+def read_files(paths: list[str]) -> float:
+    """`cat` the files to /dev/null; seconds taken."""
+    start = time.perf_counter()
+    # Batches of paths keep the command line short for one-file-per-sample data.
+    for i in range(0, len(paths), 2000):
+        subprocess.run(["cat", *paths[i:i + 2000]], stdout=subprocess.DEVNULL, check=True)
+    return time.perf_counter() - start
+
+
+def measure_cat(paths: list[str], repeats: int = 3) -> dict:
+    total = sum(os.path.getsize(p) for p in paths)
+    seconds = statistics.median(read_files(paths) for _ in range(repeats))
+    return {"elapsed_s": seconds, "file_bytes": total, "mb_per_s": total / seconds / 1e6}
+
+
+# --- the run ----------------------------------------------------------------------------
+
+def _median_result(results: list[dict]) -> dict:
+    ok = [r for r in results if r.get("status") == "ok"]
+    if len(ok) < len(results):  # any failed pass makes the configuration fail
+        return next(r for r in results if r.get("status") != "ok")
+    ok.sort(key=lambda r: r["elapsed_s"])
+    best = dict(ok[len(ok) // 2])
+    best["peak_rss_mib"] = max(r["peak_rss_mib"] for r in ok)
+    best["repeats"] = len(ok)
+    return best
+
+
+def run_plan(plan: Plan, log=print) -> dict:
+    started = time.time()
+    datasets = {}
+    for lib, size, count in tqdm(list(plan.datasets()), desc="bench data", unit="dataset"):
+        datasets[(lib, size, count)] = ensure_dataset(plan, lib, size, count)
+
+    # Warm the page cache for everyone, then take the read limit on shardfeed's
+    # shards (or the first library that has data) in this same run.
+    limits = {}
+    for (lib, size, count), info in datasets.items():
+        if info["status"] == "ok":
+            read_files(ADAPTERS[lib].files(plan.folder(lib, size, count)))
+    for size in SIZES:
+        for lib in ["shardfeed"] + [x for x in plan.libraries if x != "shardfeed"]:
+            key = (lib, size, plan.counts[size])
+            if key in datasets and datasets[key]["status"] == "ok":
+                limits[size] = {"library": lib, **measure_cat(ADAPTERS[lib].files(plan.folder(*key)))}
+                break
+
+    jobs = []
+    for size in SIZES:
+        for lib in plan.libraries:
+            for workers in plan.workers:
+                for shuffle in plan.shuffles:
+                    jobs.append((lib, size, plan.counts[size], workers, shuffle, "main"))
+    if plan.growth:
+        for workers in plan.workers:
+            jobs.append(("shardfeed", "2KiB", plan.counts["2KiB"] * plan.growth, workers, True, "growth"))
+
+    rows = []
+    expected = {}
+    for lib, size, count, workers, shuffle, role in tqdm(jobs, desc="bench read", unit="config"):
+        info = datasets[(lib, size, count)]
+        row = {"library": lib, "label": ADAPTERS[lib].label, "peer": ADAPTERS[lib].peer, "size": size,
+               "count": count, "workers": workers, "shuffle": shuffle, "role": role}
+        if info["status"] != "ok":
+            row["status"] = info["status"] if info["status"].startswith("skipped") else \
+                f"error: writing failed ({info['status']})"
+        else:
+            if (size, count) not in expected:
+                expected[(size, count)] = expected_for(plan, size, count)
+            job = {"mode": "read", "library": lib, "folder": plan.folder(lib, size, count), "count": count,
+                   "size": SIZES[size], "workers": workers, "shuffle": shuffle,
+                   "batch_size": plan.batch_size, "expected": expected[(size, count)]}
+            row.update(_median_result([run_child(job, plan.timeout) for _ in range(plan.repeats)]))
+        if row["status"] == "ok":
+            row["samples_per_s"] = row["count"] / row["elapsed_s"]
+            row["mb_per_s"] = row["bytes"] / row["elapsed_s"] / 1e6
+            row["frac_cat"] = row["mb_per_s"] / limits[size]["mb_per_s"] if size in limits else None
+            row["first_batch_ms"] = row["first_batch_s"] * 1000
+        rows.append(row)
+
+    return {"rows": rows, "limits": limits, "datasets": {f"{k[0]}-{k[1]}-{k[2]}": v for k, v in datasets.items()},
+            "counts": plan.counts, "batch_size": plan.batch_size, "repeats": plan.repeats,
+            "growth": plan.growth, "elapsed_s": time.time() - started, "machine": _machine()}
+
+
+def _machine() -> dict:
+    import platform
+    versions = {}
+    for name in ("torch", "webdataset", "litdata", "pyarrow", "numpy"):
+        try:
+            from importlib.metadata import version
+            versions[name] = version(name)
+        except Exception:
+            versions[name] = None
+    return {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
+            "versions": versions}
+
+
+def main(args) -> int:
+    from shardfeed.tools.bench_report import render, write_reports
+    try:
+        plan = Plan(args)
+    except ValueError as e:
+        print(f"shardfeed bench read: {e}", file=sys.stderr)
+        return 2
+    report = run_plan(plan)
+    paths = write_reports(report, plan.out, plot=plan.plot)
+    print(render(report))
+    rows = report["rows"]
+    ok = sum(r["status"] == "ok" for r in rows)
+    failed = sum(r["status"].startswith("FAILED") for r in rows)
+    print(f"bench read: {len(rows)} configurations, {ok} ok, {failed} FAILED content checks, "
+          f"{len(rows) - ok - failed} skipped or errors, in {report['elapsed_s']:.0f} s; "
+          f"wrote {', '.join(paths)}")
+    return 1 if failed else 0
