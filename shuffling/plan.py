@@ -16,7 +16,7 @@ what locality-aware dealing and exact elastic resume build on.
 from __future__ import annotations
 
 import copy
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import numpy as np
 
@@ -59,7 +59,7 @@ class EpochPlan:
 
     def __init__(self, counts, order, seed, epoch, topology, *, drop_last, block_shards,
                  buffer_size, start, locality, batch_size, _seq=None, _pieces=None,
-                 _generation=0, _history=()):
+                 _generation=0, _history=(), _batch_rounds=None):
         self.order = Order(order)
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise TypeError(f"seed must be an int, got {seed!r}")
@@ -80,7 +80,12 @@ class EpochPlan:
         self._id_base = int(self.offsets[self.start])
         self.locality = bool(locality)
         self.batch_size = batch_size
-        if self.locality:
+        self._rounds_per_batch = None
+        if self.locality and _batch_rounds is not None:
+            # Rebuilt from a description or a re-plan: one value for all ranks.
+            self._rounds_per_batch = int(_batch_rounds)
+            self.batch_size = self._rounds_per_batch * topology.unit_weights[topology.rank]
+        elif self.locality:
             if self.order is not Order.GLOBAL:
                 raise ValueError(f"locality-aware dealing needs order='global', got order={self.order.value!r}")
             if batch_size is None:
@@ -250,6 +255,8 @@ class EpochPlan:
         other = copy.copy(self)
         other.topology = self.topology.with_rank(rank)
         other._buffer = self._make_buffer(rank)
+        if self._rounds_per_batch is not None:
+            other.batch_size = self._rounds_per_batch * other.topology.unit_weights[rank]
         return other
 
     def all_ranks(self) -> list[EpochPlan]:
@@ -316,9 +323,11 @@ class EpochPlan:
             self.counts, self.order, self.seed, self.epoch, topology,
             drop_last=self.drop_last if drop_last is None else drop_last,
             block_shards=self.block_shards, buffer_size=self.buffer_size, start=self.start,
-            locality=self.locality, batch_size=self.batch_size if batch_size is None else batch_size,
+            locality=self.locality, batch_size=batch_size,
             _seq=self._seq, _pieces=pieces, _generation=self.generation + 1,
-            _history=self.history + ((self.topology.with_rank(0), tuple(consumed)),))
+            _batch_rounds=self._rounds_per_batch if batch_size is None else None,
+            _history=self.history + (Resize(self.topology.with_rank(0), tuple(consumed), self.drop_last,
+                                            self._rounds_per_batch),))
 
     def _remaining(self, consumed):
         d = self._deal
@@ -383,17 +392,63 @@ class EpochPlan:
         return items
 
     def describe(self) -> dict:
-        """The plan's inputs as plain data (for a loader's state dict)."""
-        t = self.topology
+        """The plan's inputs as plain, JSON-able data (for a loader's state dict).
+
+        ``EpochPlan.from_description(counts, d, rank)`` rebuilds the plan,
+        re-plans included; counts are not stored (the index has them).
+        """
+        def topo(t):
+            return {"world_size": t.world_size, "weights": list(t.weights) if t.weights else None,
+                    "ranks_per_node": t.ranks_per_node}
+
         return {
             "version": 1, "order": self.order.value, "seed": self.seed, "epoch": self.epoch,
-            "world_size": t.world_size, "weights": list(t.weights) if t.weights else None,
-            "ranks_per_node": t.ranks_per_node, "drop_last": self.drop_last,
+            "topology": topo(self.topology), "drop_last": self.drop_last,
             "block_shards": self.block_shards, "buffer_size": self.buffer_size, "start": self.start,
-            "locality": self.locality, "batch_size": self.batch_size,
-            "history": [[h[0].world_size, list(h[0].weights) if h[0].weights else None, h[0].ranks_per_node, list(h[1])]
-                        for h in self.history],
+            "locality": self.locality, "batch_rounds": self._rounds_per_batch,
+            "history": [{"topology": topo(h.topology), "consumed": list(h.consumed), "drop_last": h.drop_last,
+                         "batch_rounds": h.batch_rounds} for h in self.history],
         }
+
+    @classmethod
+    def from_description(cls, counts, d: dict, rank: int) -> EpochPlan:
+        """The plan ``describe()`` described, seen from ``rank``."""
+        if d.get("version") != 1:
+            raise ValueError(f"plan description version {d.get('version')!r} is not supported (this shardfeed reads version 1)")
+
+        def topo(t, r=0):
+            w = tuple(t["weights"]) if t.get("weights") else None
+            return Topology(r, t["world_size"], w, t.get("ranks_per_node"))
+
+        steps = d.get("history", [])
+        common = dict(block_shards=d["block_shards"], buffer_size=d["buffer_size"], start=d["start"],
+                      locality=d["locality"])
+        final = topo(d["topology"], rank)
+        first = steps[0] if steps else d
+        plan = cls(counts, d["order"], d["seed"], d["epoch"], topo(first["topology"], 0 if steps else rank),
+                   drop_last=first["drop_last"], batch_size=None, _batch_rounds=first["batch_rounds"], **common)
+        for i, h in enumerate(steps):
+            nxt = steps[i + 1] if i + 1 < len(steps) else d
+            plan = plan.replan(h["consumed"], topo(nxt["topology"], rank if nxt is d else 0),
+                               drop_last=nxt["drop_last"])
+            if plan._rounds_per_batch != nxt["batch_rounds"]:
+                plan = plan._with_batch_rounds(nxt["batch_rounds"])
+        return plan
+
+    def _with_batch_rounds(self, k):
+        other = copy.copy(self)
+        other._rounds_per_batch = k
+        other.batch_size = k * self.topology.unit_weights[self.topology.rank]
+        return other
+
+
+class Resize(NamedTuple):
+    """One elastic re-plan in an epoch's history: the old job and how far it got."""
+
+    topology: Topology
+    consumed: tuple[int, ...]
+    drop_last: bool
+    batch_rounds: int | None  # locality window: rounds of the deal per global batch
 
 
 def make_plan(counts, order="global", seed: int = 0, epoch: int = 0, topology: Topology | None = None, *,
