@@ -36,13 +36,14 @@ def _rank_main(fn, rank, world_size, port, args, conn):
 
 
 def run_ranks(fn, world_size: int, *args, timeout: float = 60.0) -> list:
-    """Results of ``fn`` on every rank, in rank order."""
+    """Results of ``fn`` on every rank, in rank order. Ranks are not daemons (their
+    loaders start worker processes); the finally clause kills any that hang."""
     ctx = mp.get_context("fork")
     port = _free_port()
     procs, conns = [], []
     for r in range(world_size):
         recv, send = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_rank_main, args=(fn, r, world_size, port, args, send), daemon=True,
+        p = ctx.Process(target=_rank_main, args=(fn, r, world_size, port, args, send), daemon=False,
                         name=f"test-rank-{r}")
         p.start()
         send.close()
