@@ -258,3 +258,24 @@ def test_bad_options_exit_2(tmp_path, capsys):
                                         ("1.5KiB", 1536), ("64M", 64 << 20), ("2 gb", 2 * 10**9)])
 def test_parse_size(text, value):
     assert parse_size(text) == value
+
+
+def test_ctrl_c_mid_conversion_publishes_nothing(image_folder, tmp_path, monkeypatch, capsys):
+    """KeyboardInterrupt after two shards were written: exit 130, no DST, no stage or temp files."""
+    from shardfeed.tools import sources
+
+    src, _ = image_folder
+    real = sources.ImageFolderSource.load_many
+    calls = []
+
+    def interrupted(self, ids):
+        calls.append(len(ids))
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(self, ids)
+
+    monkeypatch.setattr(sources.ImageFolderSource, "load_many", interrupted)
+    monkeypatch.setattr("shardfeed.tools.convert_job.BATCH", 4)
+    assert run(src, tmp_path / "out", "--max-shard-samples", 3) == 130
+    assert "interrupted" in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == ["images"]
