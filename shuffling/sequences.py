@@ -45,13 +45,29 @@ def _concat_ids(g, soff, order, offsets, out):
         out[j] = offsets[order[t]] + g[j] - soff[t]
 
 
+@numba.njit(cache=True, inline="always")
+def _bisect_right_in(a, x, lo, hi):
+    # _bisect_right over a[lo:hi] only (a window's few shards, not all of them).
+    while hi - lo > 1:
+        mid = (lo + hi) >> 1
+        if a[mid] <= x:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
 @numba.njit(cache=True)
-def _block_ids(g, wstart, wa, wb, wkeys, soff, order, offsets, out):
+def _block_ids(g, wstart, wa, wb, wkeys, soff, order, offsets, block, out):
+    w = 0
     for j in range(g.shape[0]):
-        w = _bisect_right(wstart, g[j])
+        x = g[j]
+        # Reads run through a window: reuse the last window when x is in it.
+        if not (wstart[w] <= x < wstart[w + 1]):
+            w = _bisect_right(wstart, x)
         size = wstart[w + 1] - wstart[w]
-        q = wstart[w] + permute_one(g[j] - wstart[w], size, wa[w], wb[w], wkeys[w])
-        t = _bisect_right(soff, q)
+        q = wstart[w] + permute_one(x - wstart[w], size, wa[w], wb[w], wkeys[w])
+        t = _bisect_right_in(soff, q, w * block, min((w + 1) * block, soff.shape[0] - 1) + 1)
         out[j] = offsets[order[t]] + q - soff[t]
 
 
@@ -132,6 +148,7 @@ class Windows(Sequence):
         np.cumsum(counts, out=self.offsets[1:])
         self.soff = np.zeros(ns + 1, dtype=np.int64)
         np.cumsum(counts[self.order], out=self.soff[1:])
+        self.block = block_shards
         nwin = max(1, -(-ns // block_shards))
         self.wstart = self.soff[np.minimum(np.arange(nwin + 1) * block_shards, ns)]
         sizes = np.diff(self.wstart)
@@ -146,7 +163,7 @@ class Windows(Sequence):
     def ids(self, g):
         g = np.ascontiguousarray(g, dtype=np.int64).reshape(-1)
         out = np.empty_like(g)
-        _block_ids(g, self.wstart, self.wa, self.wb, self.wkeys, self.soff, self.order, self.offsets, out)
+        _block_ids(g, self.wstart, self.wa, self.wb, self.wkeys, self.soff, self.order, self.offsets, self.block, out)
         return out
 
 
