@@ -21,7 +21,6 @@ out of the batch and reported in ``RawBatch.errors``; otherwise ShardError.
 from __future__ import annotations
 
 import mmap
-import operator
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable
@@ -150,6 +149,7 @@ class _TarView:
         self.member_field = t.member_field.astype(np.int64)
         self.field_map = np.array([field_ids.setdefault(f, len(field_ids)) for f in t.fields], np.int64)
         self.keys = t.keys
+        self.keys_np = np.array(t.keys, dtype=object)  # gathered by numpy, not a Python loop
         self.checksum = t.checksum
         self.since_release = 0
 
@@ -334,7 +334,7 @@ class BatchReader:
         nf = len(self.field_ids)
         fstart = np.full((nf, n), -1, np.int64)
         fsize = np.full((nf, n), -1, np.int64)
-        keys: list = [None] * n
+        keys = np.empty(n, dtype=object)
         typed: dict[str, list] = {}
         text_fields: set[str] = set()
         bad = []
@@ -348,12 +348,7 @@ class BatchReader:
             view.since_release += int(sizes[prow].sum())
             if view.since_release > RELEASE_EVERY_BYTES:
                 view.release_pages()
-            get = operator.itemgetter(*loc.tolist())
-            ks = get(view.keys)
-            if len(loc) == 1:
-                ks = (ks,)
-            for p, k in zip(prow.tolist(), ks):
-                keys[p] = k
+            keys[prow] = view.keys_np[loc]
             if self.verify:
                 mv = memoryview(buf)
                 h = xxhash.xxh3_64_intdigest
@@ -369,8 +364,7 @@ class BatchReader:
             for name in tbl.column_names:
                 col = tbl.column(name)
                 if name == "__key__":
-                    for p, k in zip(prow.tolist(), col.to_pylist()):
-                        keys[p] = k
+                    keys[prow] = np.array(col.to_pylist(), dtype=object)
                     continue
                 f = self.field_ids[name]
                 if _is_binary(col.type):
@@ -403,7 +397,7 @@ class BatchReader:
             if name not in fields:
                 fields[name] = ("array", _typed_column(parts, n))
         kept = ids[live]
-        return RawBatch(kept, keys, buf[:total], fields, shard[live], errors, total)
+        return RawBatch(kept, keys.tolist(), buf[:total], fields, shard[live], errors, total)
 
 
 def _is_binary(t) -> bool:
