@@ -12,7 +12,9 @@ sends each tensor's storage by passing a file descriptor over a Unix socket
 and the receiver maps it anew: a syscall round trip and a fresh mmap (page
 faults on first touch) per tensor per batch. A reused segment is mapped once
 and its pages stay faulted in, so a batch costs one small pickle plus the
-copy-out (measured: see tools/bench and the loader report). Why not
+copy-out. (Reasoned, not yet measured side by side: the machine this was
+written on was too loaded for a fair A/B; `shardfeed bench read` should
+settle it.) Why not
 multiprocessing.shared_memory: its resource tracker unlinks segments that a
 *second* process attached (bpo-38119) and warns at exit; plain files with a
 per-loader name prefix are simpler, and ``cleanup`` removes any a killed
