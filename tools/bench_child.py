@@ -35,7 +35,7 @@ def _peak_rss_mib() -> float:
     return round(max(own, kids) / 1024, 1)
 
 
-def run(job: dict) -> dict:
+def _run(job: dict) -> dict:
     from shardfeed.tools.bench_peers import ADAPTERS
     from shardfeed.tools.bench_samples import ContentCheck, SampleSpec
 
@@ -68,13 +68,17 @@ def run(job: dict) -> dict:
     return result
 
 
-def main(argv: list[str]) -> int:
-    job = json.loads(argv[0])
+def run(job: dict) -> dict:
+    """The job's result; any exception becomes an ``error: ...`` status (traceback on stderr)."""
     try:
-        result = run(job)
+        return _run(job)
     except Exception as e:
         traceback.print_exc()
-        result = {"status": f"error: {_short(e)}"}
+        return {"status": f"error: {_short(e)}"}
+
+
+def main(argv: list[str]) -> int:
+    result = run(json.loads(argv[0]))
     sys.stdout.flush()
     print(RESULT_PREFIX + json.dumps(result), flush=True)
     return 0

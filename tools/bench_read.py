@@ -46,6 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"small datasets ({QUICK_COUNTS['2KiB']} x 2 KiB, {QUICK_COUNTS['100KiB']} x 100 KiB)")
     parser.add_argument("--samples-2k", type=int, default=None, help="number of 2 KiB samples")
     parser.add_argument("--samples-100k", type=int, default=None, help="number of 100 KiB samples")
+    parser.add_argument("--sizes", default=",".join(SIZES),
+                        help="comma-separated sample sizes to measure (default: %(default)s)")
     parser.add_argument("--libraries", default=",".join(ADAPTERS),
                         help="comma-separated subset of: " + ", ".join(ADAPTERS))
     parser.add_argument("--workers", default="0,2", help="comma-separated worker counts (default: %(default)s)")
@@ -87,6 +89,7 @@ class Plan:
         if args.samples_100k is not None:
             counts["100KiB"] = _positive(args.samples_100k, "--samples-100k")
         self.counts = counts
+        self.sizes = [s for s in SIZES if s in _csv(args.sizes, list(SIZES), "sizes")]
         self.libraries = _csv(args.libraries, list(ADAPTERS), "libraries")
         self.workers = [int(w) for w in _csv(args.workers, [str(i) for i in range(65)], "workers")]
         self.shuffles = [s == "on" for s in _csv(args.shuffle, ["off", "on"], "shuffle")]
@@ -95,16 +98,19 @@ class Plan:
         if args.growth < 0:
             raise ValueError(f"--growth must be >= 0 (0 turns it off), got {args.growth}")
         self.growth = args.growth if args.growth > 1 and "shardfeed" in self.libraries else 0
+        # Growth is measured on the smallest samples: there per-sample metadata
+        # (index, offsets, shuffle state) is largest next to the payload.
+        self.growth_size = self.sizes[0]
         self.timeout = args.timeout
         self.plot = not args.no_plot
 
     def datasets(self):
         """(library, size name, count) for every dataset the run reads."""
-        for size in SIZES:
+        for size in self.sizes:
             for lib in self.libraries:
                 yield lib, size, self.counts[size]
         if self.growth:
-            yield "shardfeed", "2KiB", self.counts["2KiB"] * self.growth
+            yield "shardfeed", self.growth_size, self.counts[self.growth_size] * self.growth
 
     def folder(self, lib: str, size: str, count: int) -> str:
         return os.path.join(self.data, f"{lib}-{size}-{count}")
@@ -256,7 +262,7 @@ def run_plan(plan: Plan, log=print) -> dict:
     for (lib, size, count), info in datasets.items():
         if info["status"] == "ok":
             read_files(ADAPTERS[lib].files(plan.folder(lib, size, count)))
-    for size in SIZES:
+    for size in plan.sizes:
         for lib in ["shardfeed"] + [x for x in plan.libraries if x != "shardfeed"]:
             key = (lib, size, plan.counts[size])
             if key in datasets and datasets[key]["status"] == "ok":
@@ -264,14 +270,15 @@ def run_plan(plan: Plan, log=print) -> dict:
                 break
 
     jobs = []
-    for size in SIZES:
+    for size in plan.sizes:
         for lib in plan.libraries:
             for workers in plan.workers:
                 for shuffle in plan.shuffles:
                     jobs.append((lib, size, plan.counts[size], workers, shuffle, "main"))
     if plan.growth:
         for workers in plan.workers:
-            jobs.append(("shardfeed", "2KiB", plan.counts["2KiB"] * plan.growth, workers, True, "growth"))
+            jobs.append(("shardfeed", plan.growth_size, plan.counts[plan.growth_size] * plan.growth, workers, True,
+                         "growth"))
 
     rows = []
     expected = {}
@@ -297,7 +304,7 @@ def run_plan(plan: Plan, log=print) -> dict:
         rows.append(row)
 
     return {"rows": rows, "limits": limits, "datasets": {f"{k[0]}-{k[1]}-{k[2]}": v for k, v in datasets.items()},
-            "counts": plan.counts, "batch_size": plan.batch_size, "repeats": plan.repeats,
+            "counts": {s: plan.counts[s] for s in plan.sizes}, "batch_size": plan.batch_size, "repeats": plan.repeats,
             "growth": plan.growth, "elapsed_s": time.time() - started, "machine": _machine()}
 
 

@@ -146,8 +146,8 @@ def targets_table(items: list[dict]) -> str:
 
 
 def render(report: dict) -> str:
-    counts = report["counts"]
-    head = (f"shardfeed bench read: {counts['2KiB']:,} x 2 KiB and {counts['100KiB']:,} x 100 KiB samples, "
+    sizes = " and ".join(f"{n:,} x {s.replace('KiB', ' KiB')}" for s, n in report["counts"].items())
+    head = (f"shardfeed bench read: {sizes} samples, "
             f"batch {report['batch_size']}, page cache warm, {report['repeats']} pass(es) per configuration "
             f"in a fresh process, every pass content-checked; MB/s counts payload bytes (1 MB = 1e6 B); "
             f"peak RSS is the whole process tree (main + workers), sampled every 20 ms.")
@@ -165,9 +165,11 @@ def plot_report(report: dict, path: str) -> None:
 
     rows = [r for r in report["rows"] if r["role"] == "main"]
     libs = list(dict.fromkeys(r["label"] for r in rows))
-    fig, axes = plt.subplots(1, 2, figsize=(14, 5))
-    for ax, (size, metric, unit) in zip(axes, [("2KiB", "samples_per_s", "samples/s"),
-                                               ("100KiB", "mb_per_s", "MB/s")]):
+    panels = [(size, "samples_per_s" if size == "2KiB" else "mb_per_s") for size in report["counts"]]
+    fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 5), squeeze=False)
+    axes = axes[0]
+    for ax, (size, metric) in zip(axes, panels):
+        unit = "samples/s" if metric == "samples_per_s" else "MB/s"
         configs = sorted({(r["workers"], r["shuffle"]) for r in rows if r["size"] == size})
         width = 0.8 / max(len(libs), 1)
         for j, lib in enumerate(libs):
@@ -178,7 +180,8 @@ def plot_report(report: dict, path: str) -> None:
             ax.bar([i + j * width for i in range(len(configs))], values, width, label=lib)
         limit = report["limits"].get(size)
         if limit:
-            cat = limit["mb_per_s"] if metric == "mb_per_s" else limit["mb_per_s"] * 1e6 / (2 * 1024)
+            per_sample = int(size.replace("KiB", "")) * 1024
+            cat = limit["mb_per_s"] if metric == "mb_per_s" else limit["mb_per_s"] * 1e6 / per_sample
             ax.axhline(cat, color="black", linestyle="--", label="cat (read limit)")
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(configs))])
         ax.set_xticklabels([f"{w} workers\nshuffle {'on' if s else 'off'}" for w, s in configs])

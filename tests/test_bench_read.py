@@ -1,0 +1,197 @@
+"""Smoke tests of `shardfeed bench read` on tiny data, and of its content check.
+
+The end-to-end run uses the two libraries that need nothing optional
+(shardfeed and a DataLoader over one file per sample), so it runs everywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+
+import pytest
+
+from shardfeed.tools import bench_read
+from shardfeed.tools.bench_child import run as run_job
+from shardfeed.tools.bench_report import targets
+from shardfeed.tools.bench_samples import ContentCheck, SampleSpec
+
+COLUMNS = ["library", "sample size", "samples", "workers", "shuffle", "samples/s", "MB/s", "fraction of cat",
+           "first batch ms", "peak RSS MiB", "status"]
+
+
+def _args(tmp_path, *extra):
+    parser = argparse.ArgumentParser()
+    bench_read.add_arguments(parser)
+    # One size, one worker count, one shuffle: 6 fresh processes in all, so
+    # the file stays well under a minute on 2 busy cores.
+    return parser.parse_args(["--out", str(tmp_path / "out"), "--samples-2k", "600", "--sizes", "2KiB",
+                              "--libraries", "shardfeed,files", "--workers", "0", "--shuffle", "on",
+                              "--growth", "2", *extra])
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("bench")
+    args = _args(tmp)
+    code = bench_read.main(args)
+    out = tmp / "out"
+    with open(out / "bench_read.json") as f:
+        report = json.load(f)
+    return code, out, report, args
+
+
+def _md_rows(path):
+    rows = []
+    for line in open(path).read().splitlines():
+        if line.startswith("| ") and not line.startswith("| library") and not line.startswith("| target"):
+            rows.append([c.strip() for c in line.strip("|").split("|")])
+    return rows
+
+
+def test_small_run_reports_every_configuration_with_checked_content(small_run):
+    code, out, report, _ = small_run
+    assert code == 0
+    rows = report["rows"]
+    want = {("shardfeed", "2KiB", 600), ("files", "2KiB", 600), ("shardfeed", "2KiB", 1200)}
+    assert {(r["library"], r["size"], r["count"]) for r in rows} == want
+    for r in rows:
+        assert r["status"] == "ok", r
+        # the pass delivered every sample exactly once with the right bytes
+        spec = SampleSpec(r["count"], bench_read.SIZES[r["size"]])
+        assert (r["count"], r["bytes"], r["digest"]) == tuple(spec.expected()[k] for k in ("count", "bytes", "digest"))
+        assert r["samples_per_s"] > 0 and r["mb_per_s"] > 0 and 0 < r["frac_cat"]
+        assert 0 < r["first_batch_ms"] <= r["elapsed_s"] * 1000
+        assert r["peak_rss_mib"] > 50  # a Python process with torch imported, at least
+    assert set(report["limits"]) == {"2KiB"}
+    assert all(lim["library"] == "shardfeed" and lim["mb_per_s"] > 0 for lim in report["limits"].values())
+
+
+def test_small_run_writes_markdown_table_and_plot(small_run):
+    _, out, report, _ = small_run
+    md = open(out / "bench_read.md").read()
+    header = next(line for line in md.splitlines() if line.startswith("| library"))
+    assert [c.strip() for c in header.strip("|").split("|")] == COLUMNS
+    rows = _md_rows(out / "bench_read.md")
+    table_rows = [r for r in rows if len(r) == len(COLUMNS)]
+    assert len(table_rows) == len(report["rows"]) + 1  # + the `cat` row
+    assert sum(r[0].startswith("`cat`") for r in table_rows) == 1
+    for r in table_rows:
+        assert r[-1] == "ok"
+        assert re.fullmatch(r"[\d,]+", r[5]) and re.fullmatch(r"[\d,]+", r[6])
+    assert "Targets:" in md and "peak RSS flat as the dataset grows" in md
+    with open(out / "bench_read.png", "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_damaged_data_is_reported_failed_not_as_a_number(small_run, tmp_path):
+    """A library that delivers wrong bytes gets FAILED, never a throughput."""
+    _, _, _, args = small_run
+    plan = bench_read.Plan(args)
+    folder = plan.folder("files", "2KiB", 600)
+    victim = sorted(os.path.join(d, f) for d, _, fs in os.walk(folder) for f in fs if f.endswith(".bin"))[5]
+    data = bytearray(open(victim, "rb").read())
+    data[500] ^= 0xFF  # same size: the dataset still looks complete
+    with open(victim, "wb") as f:
+        f.write(data)
+    try:
+        result = bench_read.run_child({"mode": "read", "library": "files", "folder": folder, "count": 600,
+                                       "size": 2048, "workers": 0, "shuffle": False, "batch_size": 64,
+                                       "expected": SampleSpec(600, 2048).expected()}, timeout=120)
+    finally:
+        data[500] ^= 0xFF
+        with open(victim, "wb") as f:
+            f.write(data)
+    assert result["status"].startswith("FAILED: wrong content (digest"), result
+    assert "samples_per_s" not in result
+
+
+def test_missing_library_is_an_error_row_not_a_crash(tmp_path):
+    spec = SampleSpec(4, 64)
+    result = run_job({"mode": "read", "library": "files", "folder": str(tmp_path / "absent"), "count": 4,
+                      "size": 64, "workers": 0, "shuffle": False, "batch_size": 2, "expected": spec.expected()})
+    assert result["status"].startswith("error: FileNotFoundError"), result
+
+
+def test_bad_arguments_fail_fast(tmp_path, capsys):
+    assert bench_read.main(_args(tmp_path, "--libraries", "shardfeed,nosuchlib")) == 2
+    assert "nosuchlib" in capsys.readouterr().err
+    assert bench_read.main(_args(tmp_path, "--samples-2k", "0")) == 2
+
+
+# --- the content check ------------------------------------------------------------------
+
+def _batches(spec, ids, size=5):
+    ids = list(ids)
+    for s in range(0, len(ids), size):
+        part = ids[s:s + size]
+        yield [spec.key(i) for i in part], [spec.payload(i) for i in part], [spec.cls(i) for i in part]
+
+
+@pytest.mark.parametrize("case", ["exact", "shuffled", "missing", "repeated", "swapped payloads", "wrong class",
+                                  "flipped byte"])
+def test_content_check_accepts_exactly_the_expected_samples(case):
+    spec = SampleSpec(40, 64)
+    ids = list(range(40))
+    if case == "shuffled":
+        ids = ids[::-1]
+    elif case == "missing":
+        ids = ids[:-1]
+    elif case == "repeated":
+        ids = ids[:-1] + [3]
+    check = ContentCheck()
+    for keys, payloads, classes in _batches(spec, ids):
+        if case == "swapped payloads" and keys[0] == spec.key(0):
+            payloads[0], payloads[1] = payloads[1], payloads[0]
+        if case == "wrong class" and keys[0] == spec.key(10):
+            classes[2] += 1
+        if case == "flipped byte" and keys[0] == spec.key(20):
+            payloads[3] = payloads[3][:30] + bytes([payloads[3][30] ^ 1]) + payloads[3][31:]
+        check.add(keys, payloads, classes)
+    wrong = check.mismatch(spec.expected())
+    assert (wrong is None) == (case in ("exact", "shuffled")), wrong
+
+
+def test_content_check_takes_tensors_arrays_and_undecoded_fields():
+    import numpy as np
+    import torch
+    spec = SampleSpec(6, 32)
+    check = ContentCheck()
+    keys = [spec.key(i) for i in range(6)]
+    check.add(keys[:3], np.stack([np.frombuffer(spec.payload(i), np.uint8) for i in range(3)]),
+              torch.tensor([spec.cls(i) for i in range(3)]))
+    check.add([k.encode() for k in keys[3:]], torch.from_numpy(
+        np.stack([np.frombuffer(spec.payload(i), np.uint8) for i in range(3, 6)])),
+        [str(spec.cls(i)).encode() for i in range(3, 6)])
+    assert check.mismatch(spec.expected()) is None
+
+
+# --- targets from a run's rows ---------------------------------------------------------
+
+def _row(lib, size, workers, sps, rss, shuffle=False, role="main", count=1000, status="ok"):
+    mbps = sps * bench_read.SIZES[size] / 1e6
+    return {"library": lib, "label": lib, "peer": lib != "shardfeed", "size": size, "count": count,
+            "workers": workers, "shuffle": shuffle, "role": role, "status": status, "samples_per_s": sps,
+            "mb_per_s": mbps, "frac_cat": mbps / 1000.0, "peak_rss_mib": rss}
+
+
+def test_targets_compare_within_the_same_worker_count():
+    report = {"limits": {"2KiB": {"mb_per_s": 1000.0}, "100KiB": {"mb_per_s": 1000.0}}, "rows": [
+        _row("shardfeed", "2KiB", 0, 250_000, 200), _row("peer", "2KiB", 0, 100_000, 250),
+        _row("shardfeed", "2KiB", 2, 150_000, 300), _row("peer", "2KiB", 2, 90_000, 280),
+        _row("shardfeed", "100KiB", 0, 6_000, 200), _row("peer", "100KiB", 0, 3_000, 200),
+        _row("shardfeed", "2KiB", 0, 0, 240, role="growth", count=4000),
+        _row("peer", "100KiB", 2, 3_000, 200),
+        _row("shardfeed", "100KiB", 2, 0, 0, status="error: boom"),
+    ]}
+    got = {(t["target"].split(":")[0].split(" ")[0], t["config"]): t["met"] for t in targets(report)}
+    assert got[("2", "2KiB, 0 workers, shuffle off")] is True          # 2.5x >= 2x
+    assert got[("2", "2KiB, 2 workers, shuffle off")] is False         # 1.67x
+    assert got[("100", "100KiB, 0 workers, shuffle off")] is True      # 614 of 1000 MB/s
+    assert got[("100", "100KiB, 2 workers, shuffle off")] is None      # shardfeed errored
+    assert got[("peak", "2KiB, 0 workers, shuffle off")] is True       # 200 <= 250
+    assert got[("peak", "2KiB, 2 workers, shuffle off")] is False      # 300 > 280
+    assert got[("2", "2KiB, shuffle off")] is False                    # 2 workers slower than 0
+    assert got[("peak", "2KiB, 0 workers, 1,000 -> 4,000 samples")] is False  # +20%
