@@ -16,6 +16,7 @@ COMMANDS = {
     "inspect": ("shardfeed.tools.inspect_cmd", "show counts, sizes, fields and a few samples"),
     "verify": ("shardfeed.tools.verify", "check every hash and offset of a dataset"),
     "bench": ("shardfeed.tools.bench", "throughput and quality benchmarks"),
+    "train": ("shardfeed.tools.train", "the reference DDP trainer on local CPU ranks or under torchrun"),
     "demo": ("shardfeed.tools.demo", "build a small dataset, shard it and read it back"),
 }
 
