@@ -266,14 +266,17 @@ def run_plan(plan: Plan, log=print) -> dict:
         for lib in ["shardfeed"] + [x for x in plan.libraries if x != "shardfeed"]:
             key = (lib, size, plan.counts[size])
             if key in datasets and datasets[key]["status"] == "ok":
-                limits[size] = {"library": lib, **measure_cat(ADAPTERS[lib].files(plan.folder(*key)))}
+                limit = measure_cat(ADAPTERS[lib].files(plan.folder(*key)))
+                limits[size] = {"library": lib, "samples_per_s": key[2] / limit["elapsed_s"], **limit}
                 break
 
+    # Libraries compared with each other run next to each other in time, so a
+    # change in the machine's load touches a comparison as little as it can.
     jobs = []
     for size in plan.sizes:
-        for lib in plan.libraries:
-            for workers in plan.workers:
-                for shuffle in plan.shuffles:
+        for workers in plan.workers:
+            for shuffle in plan.shuffles:
+                for lib in plan.libraries:
                     jobs.append((lib, size, plan.counts[size], workers, shuffle, "main"))
     if plan.growth:
         for workers in plan.workers:

@@ -88,8 +88,9 @@ def _as_payloads(values) -> list:
     if hasattr(values, "numpy"):
         values = values.numpy()
     if isinstance(values, np.ndarray):
-        if values.ndim != 2:
-            raise ValueError(f"payload array must be 2-D (batch, bytes), got shape {values.shape}")
+        if values.ndim != 2 or values.dtype != np.uint8:
+            raise ValueError(f"payload array must be 2-D uint8 (batch, bytes), got {values.dtype} "
+                             f"of shape {values.shape}")
         return list(np.ascontiguousarray(values))
     return values if isinstance(values, list) else list(values)
 
@@ -112,8 +113,7 @@ class ContentCheck:
         seeds = (keys * NUM_CLASSES + classes).tolist()
         self.digest = (self.digest + sum(map(xxhash.xxh3_64_intdigest, payloads, seeds))) & _MASK
         self.count += len(keys)
-        self.bytes += sum(map(len, payloads)) if not isinstance(payloads[0], np.ndarray) else \
-            sum(p.nbytes for p in payloads)
+        self.bytes += sum(map(len, payloads))  # rows of a uint8 array: len == bytes
         return len(keys)
 
     def result(self) -> dict[str, int]:
