@@ -33,8 +33,25 @@ def _damage_payload(root, shard=1, sample=3):
     return path, table.keys[sample]
 
 
+def _live_children():
+    return {p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE}
+
+
+_BEFORE: set = set()
+
+
+@pytest.fixture(autouse=True)
+def _baseline_children():
+    # Other tests in the session may leave long-lived helpers of their own
+    # (multiprocessing's resource tracker after a spawn pool): only processes
+    # born during this test count as the loader's orphans.
+    global _BEFORE
+    _BEFORE = _live_children()
+    yield
+
+
 def _children():
-    return [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+    return sorted((p for p in _live_children() - _BEFORE), key=lambda p: p.pid)
 
 
 @pytest.mark.parametrize("workers", [0, 2])
