@@ -168,8 +168,11 @@ class _ColumnarShard:
         self.rows = []
         if self.writer is None:
             if self.fmt == "parquet":
+                # Dictionary pages only pay for low-cardinality columns (labels,
+                # short text); for payload bytes they are wasted work on write.
+                small = [f.name for f in self.schema if not pa.types.is_large_binary(f.type)]
                 self.writer = pq.ParquetWriter(self.tmp, self.schema, compression=self.compression or "none",
-                                               write_page_checksum=True)
+                                               write_page_checksum=True, use_dictionary=small)
             else:
                 self.sink = pa.OSFile(self.tmp, "wb")
                 self.writer = pa.ipc.new_file(self.sink, self.schema)
