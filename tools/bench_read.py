@@ -118,19 +118,27 @@ class Plan:
 
 # --- child processes ------------------------------------------------------------------
 
-def _tree_rss(proc) -> int:
+def _tree_rss(proc) -> tuple[int, int]:
+    """(RSS, anonymous RSS) summed over the process and its descendants.
+
+    RSS counts the file pages a process has mapped (mmapped shards it has
+    touched); anonymous RSS (RSS minus file-backed and shared pages) is its
+    heap alone. Both are kept: the targets use RSS, the other tells why.
+    """
     import psutil
-    total = 0
+    total = anon = 0
     try:
         procs = [proc] + proc.children(recursive=True)
     except psutil.Error:
-        return 0
+        return 0, 0
     for p in procs:
         try:
-            total += p.memory_info().rss
+            mem = p.memory_info()
         except psutil.Error:
-            pass  # a worker that just exited
-    return total
+            continue  # a worker that just exited
+        total += mem.rss
+        anon += mem.rss - getattr(mem, "shared", 0)
+    return total, anon
 
 
 def run_child(job: dict, timeout: float) -> dict:
@@ -140,12 +148,13 @@ def run_child(job: dict, timeout: float) -> dict:
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     watched = psutil.Process(proc.pid)
-    peak = [0]
+    peak = [0, 0]
     done = threading.Event()
 
     def sample():
         while not done.wait(0.02):
-            peak[0] = max(peak[0], _tree_rss(watched))
+            rss, anon = _tree_rss(watched)
+            peak[0], peak[1] = max(peak[0], rss), max(peak[1], anon)
 
     sampler = threading.Thread(target=sample, name="bench-rss-sampler", daemon=True)
     sampler.start()
@@ -169,6 +178,7 @@ def run_child(job: dict, timeout: float) -> dict:
         result["stderr_tail"] = err[-2000:]
     rss = max(peak[0] / 2**20, result.get("child_peak_rss_mib") or 0)
     result["peak_rss_mib"] = round(rss, 1)
+    result["peak_anon_rss_mib"] = round(peak[1] / 2**20, 1)
     return result
 
 
