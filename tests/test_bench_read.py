@@ -64,6 +64,9 @@ def test_small_run_reports_every_configuration_with_checked_content(small_run):
         assert (r["count"], r["bytes"], r["digest"]) == tuple(spec.expected()[k] for k in ("count", "bytes", "digest"))
         assert r["samples_per_s"] > 0 and r["mb_per_s"] > 0 and 0 < r["frac_cat"]
         assert 0 < r["first_batch_ms"] <= r["elapsed_s"] * 1000
+        # steady state = the pass less its first batch (256 samples here)
+        assert r["steady_count"] == r["count"] - 256 and 0 < r["steady_s"] < r["elapsed_s"]
+        assert r["samples_per_s"] == pytest.approx(r["steady_count"] / r["steady_s"])
         assert r["peak_rss_mib"] > 50  # a Python process with torch imported, at least
     assert set(report["limits"]) == {"2KiB"}
     assert all(lim["library"] == "shardfeed" and lim["mb_per_s"] > 0 for lim in report["limits"].values())
@@ -76,8 +79,9 @@ def test_small_run_writes_markdown_table_and_plot(small_run):
     assert [c.strip() for c in header.strip("|").split("|")] == COLUMNS
     rows = _md_rows(out / "bench_read.md")
     table_rows = [r for r in rows if len(r) == len(COLUMNS)]
-    assert len(table_rows) == len(report["rows"]) + 1  # + the `cat` row
+    assert len(table_rows) == len(report["rows"]) + 2  # + the `cat` and the check-alone rows
     assert sum(r[0].startswith("`cat`") for r in table_rows) == 1
+    assert sum(r[0].startswith("content check alone") for r in table_rows) == 1
     for r in table_rows:
         assert r[-1] == "ok"
         assert re.fullmatch(r"[\d,]+", r[5]) and re.fullmatch(r"[\d,]+", r[6])

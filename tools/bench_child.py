@@ -52,17 +52,27 @@ def _run(job: dict) -> dict:
         adapter.write(spec, job["folder"])
         return {"status": "ok", "write_s": time.perf_counter() - start}
 
+    # Steady-state rate: from the end of the first batch to the end of the
+    # pass, so start-up (reported as first-batch latency) is not counted twice.
     check = ContentCheck()
-    first_batch_s = None
+    first_batch_s = steady_start = None
+    first = {}
+    check_s = 0.0
     start = time.perf_counter()
     for keys, payloads, classes in adapter.batches(job["folder"], job["workers"], job["shuffle"],
                                                    job["batch_size"]):
-        if first_batch_s is None:
-            first_batch_s = time.perf_counter() - start
+        got = time.perf_counter()
         check.add(keys, payloads, classes)
-    elapsed = time.perf_counter() - start
-    result = {"elapsed_s": elapsed, "first_batch_s": first_batch_s, **check.result(),
+        done = time.perf_counter()
+        check_s += done - got
+        if first_batch_s is None:
+            first_batch_s, steady_start, first = got - start, done, check.result()
+    end = time.perf_counter()
+    result = {"elapsed_s": end - start, "first_batch_s": first_batch_s, "check_s": check_s, **check.result(),
               "child_peak_rss_mib": _peak_rss_mib()}
+    if steady_start is not None and check.count > first.get("count", 0):
+        result.update(steady_s=end - steady_start, steady_count=check.count - first["count"],
+                      steady_bytes=check.bytes - first["bytes"])
     wrong = check.mismatch(job["expected"])
     result["status"] = f"FAILED: wrong content ({wrong})" if wrong else "ok"
     return result

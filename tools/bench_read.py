@@ -247,6 +247,25 @@ def measure_cat(paths: list[str], repeats: int = 3) -> dict:
     return {"elapsed_s": seconds, "file_bytes": total, "mb_per_s": total / seconds / 1e6}
 
 
+def measure_check(count: int, size: int, batch_size: int, limit_bytes: int = 64 << 20) -> dict:
+    """Rate of the content check alone, over batches already in memory: the
+    most any library can show in this harness, since every pass runs it."""
+    from shardfeed.tools.bench_samples import ContentCheck
+    count = max(1, min(count, limit_bytes // size))
+    spec = SampleSpec(count, size)
+    batches = []
+    for s in range(0, count, batch_size):
+        ids = range(s, min(count, s + batch_size))
+        batches.append(([spec.key(i) for i in ids], [spec.payload(i) for i in ids], [spec.cls(i) for i in ids]))
+    check = ContentCheck()
+    start = time.perf_counter()
+    for batch in batches:
+        check.add(*batch)
+    seconds = time.perf_counter() - start
+    return {"samples_per_s": count / seconds, "mb_per_s": count * size / seconds / 1e6,
+            "us_per_sample": seconds / count * 1e6}
+
+
 # --- the run ----------------------------------------------------------------------------
 
 def _median_result(results: list[dict]) -> dict:
@@ -282,6 +301,8 @@ def run_plan(plan: Plan, log=print) -> dict:
 
     # Libraries compared with each other run next to each other in time, so a
     # change in the machine's load touches a comparison as little as it can.
+    checks = {size: measure_check(plan.counts[size], SIZES[size], plan.batch_size) for size in plan.sizes}
+
     jobs = []
     for size in plan.sizes:
         for workers in plan.workers:
@@ -310,13 +331,17 @@ def run_plan(plan: Plan, log=print) -> dict:
                    "batch_size": plan.batch_size, "expected": expected[(size, count)]}
             row.update(_median_result([run_child(job, plan.timeout) for _ in range(plan.repeats)]))
         if row["status"] == "ok":
-            row["samples_per_s"] = row["count"] / row["elapsed_s"]
-            row["mb_per_s"] = row["bytes"] / row["elapsed_s"] / 1e6
+            # steady state when the pass has more than one batch, else the whole pass
+            seconds, count, nbytes = (row["steady_s"], row["steady_count"], row["steady_bytes"]) \
+                if row.get("steady_s") else (row["elapsed_s"], row["count"], row["bytes"])
+            row["samples_per_s"] = count / seconds
+            row["mb_per_s"] = nbytes / seconds / 1e6
+            row["whole_pass_samples_per_s"] = row["count"] / row["elapsed_s"]
             row["frac_cat"] = row["mb_per_s"] / limits[size]["mb_per_s"] if size in limits else None
             row["first_batch_ms"] = row["first_batch_s"] * 1000
         rows.append(row)
 
-    return {"rows": rows, "limits": limits, "datasets": {f"{k[0]}-{k[1]}-{k[2]}": v for k, v in datasets.items()},
+    return {"rows": rows, "limits": limits, "checks": checks, "datasets": {f"{k[0]}-{k[1]}-{k[2]}": v for k, v in datasets.items()},
             "counts": {s: plan.counts[s] for s in plan.sizes}, "batch_size": plan.batch_size, "repeats": plan.repeats,
             "growth": plan.growth, "elapsed_s": time.time() - started, "machine": _machine()}
 
