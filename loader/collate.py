@@ -21,6 +21,9 @@ import numpy as np
 import torch
 
 
+_SLICE_WHOLE_BYTES = 16 << 10  # mean item size up to which to_list copies the items' span once first
+
+
 @dataclass
 class Blob:
     """Per-sample byte strings inside one buffer; size -1 means None (field absent)."""
@@ -34,19 +37,32 @@ class Blob:
         return len(self.starts)
 
     def to_list(self) -> list:
-        mv = memoryview(self.buf)
-        starts, sizes = self.starts.tolist(), self.sizes.tolist()
-        if self.sizes.size and self.sizes.min() >= 0:
-            # bytes(memoryview slice) is the cheapest copy-out per item measured
-            # here (~0.15 us), ~2x faster than numpy slicing + tobytes().
-            out = [bytes(mv[a:a + s]) for a, s in zip(starts, sizes)]
-            if self.text:
-                return [b.decode("utf-8") for b in out]
-            return out
-        items = [None if s < 0 else bytes(mv[a:a + s]) for a, s in zip(starts, sizes)]
+        starts = self.starts.tolist()
+        ends = (self.starts + np.maximum(self.sizes, 0)).tolist()
+        whole = bool(self.sizes.size) and self.sizes.min() >= 0
         if self.text:
-            return [None if b is None else b.decode("utf-8") for b in items]
-        return items
+            mv = memoryview(self.buf)
+            if whole:
+                return [str(mv[a:b], "utf-8") for a, b in zip(starts, ends)]
+            return [None if s < 0 else str(mv[a:a + s], "utf-8") for a, s in zip(starts, self.sizes.tolist())]
+        total = int(np.maximum(self.sizes, 0).sum())
+        lo, hi = (min(starts), max(ends)) if starts else (0, 0)
+        if starts and total <= _SLICE_WHOLE_BYTES * len(starts) and hi - lo <= 2 * total + 4096:
+            # small items: one bytes copy of the span they lie in, then bytes
+            # slices of it: ~0.35-0.5 us/item here against ~0.6-0.85 us for
+            # bytes(memoryview slice). Large items (or a span mostly holding
+            # other fields) would pay more for that extra copy than they save.
+            src = self.buf[lo:hi].tobytes()
+            if lo:
+                starts = [a - lo for a in starts]
+                ends = [b - lo for b in ends]
+        else:
+            src = memoryview(self.buf)
+            if whole:
+                return list(map(bytes, map(src.__getitem__, map(slice, starts, ends))))
+        if whole:
+            return [src[a:b] for a, b in zip(starts, ends)]
+        return [None if s < 0 else bytes(src[a:b]) for a, b, s in zip(starts, ends, self.sizes.tolist())]
 
     @classmethod
     def from_list(cls, items: list) -> "Blob":
