@@ -38,6 +38,15 @@ class ShardDataset(torch.utils.data.IterableDataset):
     torch.distributed, then RANK/WORLD_SIZE, then 0/1. on_error: ``raise``
     or ``skip`` (skip and count corrupt samples and shards).
 
+    locality (``global`` only): deal each global batch so that a rank reads
+    mostly shards its own node owns (shard ``s`` is owned by node ``s %
+    nodes``, the node whose cache holds it); every global batch still holds
+    the same samples, only their split among ranks changes. Nodes are
+    ``LOCAL_WORLD_SIZE`` consecutive ranks (torchrun sets it); with one node
+    (or no LOCAL_WORLD_SIZE) it changes nothing. The dealing needs the batch
+    size, so it applies to plans a ``Loader`` asks for; iterating the dataset
+    directly (a plain torch DataLoader) deals without it.
+
     Not yet available (they raise NotImplementedError): remote URLs and
     ``cache_dir``/``cache_limit_bytes`` (shardfeed.cache), ``follow=True``
     (streaming).
@@ -46,7 +55,7 @@ class ShardDataset(torch.utils.data.IterableDataset):
     def __init__(self, source, shuffle="global", seed: int = 0, cache_dir=None, cache_limit_bytes=None,
                  decode: bool = True, transform: Callable | None = None, rank: int | None = None,
                  world_size: int | None = None, drop_last: bool = False, follow: bool = False,
-                 on_error: str = "raise"):
+                 on_error: str = "raise", locality: bool = False):
         super().__init__()
         source = os.fspath(source) if not isinstance(source, str) else source
         if "://" in source and not source.startswith("file://"):
@@ -65,6 +74,10 @@ class ShardDataset(torch.utils.data.IterableDataset):
             raise TypeError(f"seed must be an int, got {seed!r}")
         self.source = source
         self.order = Order(shuffle)
+        if locality and self.order is not Order.GLOBAL:
+            raise ValueError(f"locality=True deals global batches by node and needs shuffle='global', got "
+                             f"shuffle={self.order.value!r}; drop locality or use shuffle='global'")
+        self.locality = bool(locality)
         self.seed = int(seed)
         self.decode = bool(decode)
         self.transform = transform
@@ -92,16 +105,28 @@ class ShardDataset(torch.utils.data.IterableDataset):
         self.epoch = int(epoch)
 
     # -- plans ----------------------------------------------------------
-    def plan(self, epoch: int | None = None, weights: tuple[int, ...] | None = None, history=()):
+    def plan(self, epoch: int | None = None, weights: tuple[int, ...] | None = None, history=(),
+             batch_size: int | None = None):
         """This rank's EpochPlan; ``weights`` are per-rank batch sizes; ``history``
-        lists earlier world sizes of this epoch as ((world_size, weights), consumed)."""
+        lists earlier world sizes of this epoch as ((world_size, weights), consumed);
+        ``batch_size`` (this rank's) turns on locality-aware dealing when the
+        dataset asks for it."""
         epoch = self.epoch if epoch is None else epoch
-        topo = Topology(self.rank, self.world_size, weights, self.topology.ranks_per_node)
+        rpn = self.topology.ranks_per_node
+        topo = Topology(self.rank, self.world_size, weights, rpn)
+        opts = self.plan_options(batch_size)
         if not history:
-            return make_plan(self.index.counts, self.order, self.seed, epoch, topo, drop_last=self.drop_last)
-        old = [(Topology(0, w, tuple(wt) if wt else None), tuple(c)) for (w, wt), c in history]
+            return make_plan(self.index.counts, self.order, self.seed, epoch, topo, **opts)
+        old = [(Topology(0, w, tuple(wt) if wt else None, rpn if rpn and rpn <= w else None), tuple(c))
+               for (w, wt), c in history]
         return replan(self.index.counts, self.order, self.seed, epoch, old[-1][0], old[-1][1], topo,
-                      history=old[:-1], drop_last=self.drop_last)
+                      history=old[:-1], **opts)
+
+    def plan_options(self, batch_size: int | None = None) -> dict:
+        """make_plan's keywords for this dataset (locality only with a batch size)."""
+        if self.locality and batch_size is not None:
+            return {"drop_last": self.drop_last, "locality": True, "batch_size": int(batch_size)}
+        return {"drop_last": self.drop_last}
 
     def __len__(self) -> int:
         return self.plan().num_samples
@@ -128,6 +153,7 @@ class ShardDataset(torch.utils.data.IterableDataset):
 
     def __repr__(self) -> str:
         return (f"ShardDataset({self.source!r}, shuffle={self.order.value!r}, seed={self.seed}, "
+                f"{'locality=True, ' if self.locality else ''}"
                 f"rank={self.rank}/{self.world_size}, samples={self.index.num_samples})")
 
 

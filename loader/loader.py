@@ -101,7 +101,7 @@ class Loader:
 
     def _plan(self, history=None):
         bs, weights = self._batch(self.stage())
-        plan = self.dataset.plan(self._epoch, weights, self._history if history is None else history)
+        plan = self.dataset.plan(self._epoch, weights, self._history if history is None else history, batch_size=bs)
         return plan, bs
 
     def __len__(self) -> int:
@@ -222,7 +222,7 @@ class Loader:
         old_w, old_sizes = s["world_size"], list(s["batch_sizes"])
         old_weights = None if len(set(old_sizes)) == 1 and old_sizes == [old_sizes[0]] * old_w else tuple(old_sizes)
         old = _OldJob(self.dataset, old_w, old_weights)
-        counts = [p.num_samples for p in old.plan(epoch, history).all_ranks()]
+        counts = [p.num_samples for p in old.plan(epoch, history, old_sizes[0]).all_ranks()]
         consumed = tuple(min(s["step"] * b, c) for b, c in zip(old_sizes, counts))
         self._history = history + (((old_w, old_weights), consumed),)
         self._step = 0
@@ -266,16 +266,21 @@ class _OldJob:
     def __init__(self, dataset: ShardDataset, world_size: int, weights):
         self.dataset, self.world_size, self.weights = dataset, world_size, weights
 
-    def plan(self, epoch: int, history):
+    def plan(self, epoch: int, history, batch_size: int):
         from shardfeed.shuffling import Topology, make_plan, replan
 
         d = self.dataset
-        topo = Topology(0, self.world_size, self.weights)
+        rpn = d.topology.ranks_per_node
+
+        def topo(w, wt):
+            return Topology(0, w, tuple(wt) if wt else None, rpn if rpn and rpn <= w else None)
+
+        opts = d.plan_options(batch_size)
         if not history:
-            return make_plan(d.index.counts, d.order, d.seed, epoch, topo, drop_last=d.drop_last)
-        old = [(Topology(0, w, tuple(wt) if wt else None), tuple(c)) for (w, wt), c in history]
-        return replan(d.index.counts, d.order, d.seed, epoch, old[-1][0], old[-1][1], topo, history=old[:-1],
-                      drop_last=d.drop_last)
+            return make_plan(d.index.counts, d.order, d.seed, epoch, topo(self.world_size, self.weights), **opts)
+        old = [(topo(w, wt), tuple(c)) for (w, wt), c in history]
+        return replan(d.index.counts, d.order, d.seed, epoch, old[-1][0], old[-1][1],
+                      topo(self.world_size, self.weights), history=old[:-1], **opts)
 
 
 def _current_exc():
