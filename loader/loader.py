@@ -45,10 +45,15 @@ class Loader:
     dicts -> batch`` (default: numbers and same-shaped arrays stacked into
     tensors, bytes and str as lists). pin_memory: pin tensors (only where an
     accelerator exists; otherwise a warning and no pinning, as in torch).
+    multiprocessing_context: how workers start: ``"fork"`` (the default where
+    it exists: fast, the index is inherited), ``"spawn"`` or
+    ``"forkserver"`` (the dataset, transform and collate_fn are pickled to
+    each worker, so they must be picklable, as with torch's DataLoader), or
+    a multiprocessing context.
     """
 
     def __init__(self, dataset: ShardDataset, batch_size, num_workers: int = 0, prefetch: int = 2,
-                 collate_fn: Callable | None = None, pin_memory: bool = False):
+                 collate_fn: Callable | None = None, pin_memory: bool = False, multiprocessing_context=None):
         if not isinstance(dataset, ShardDataset):
             raise TypeError(f"dataset must be a shardfeed.loader.ShardDataset, got {type(dataset).__name__}")
         for name, v, lo in (("num_workers", num_workers, 0), ("prefetch", prefetch, 1)):
@@ -66,6 +71,7 @@ class Loader:
             warnings.warn("pin_memory=True but no accelerator is available: batches are not pinned", stacklevel=2)
             pin_memory = False
         self.pin_memory = pin_memory
+        self.mp_context = multiprocessing_context
         self.policy = ErrorPolicy(dataset.on_error)
         self._epoch = dataset.epoch
         self._step = 0
@@ -183,8 +189,8 @@ class Loader:
 
     def _start_pool(self) -> WorkerPool:
         if self._pool is None:
-            dataset, collate_fn = self.dataset, self.collate_fn
-            self._pool = WorkerPool(self.num_workers, lambda: dataset.maker(collate_fn), slots=self.prefetch)
+            self._pool = WorkerPool(self.num_workers, MakerFactory(self.dataset, self.collate_fn), slots=self.prefetch,
+                                    context=self.mp_context)
         return self._pool
 
     def _shutdown_pool(self) -> None:
@@ -258,6 +264,17 @@ class Loader:
     def __repr__(self) -> str:
         return (f"Loader({self.dataset!r}, schedule={self.schedule!r}, num_workers={self.num_workers}, "
                 f"epoch={self._epoch}, step={self._step})")
+
+
+class MakerFactory:
+    """Builds a worker's BatchMaker; a plain picklable object (not a closure)
+    so workers can be spawned as well as forked."""
+
+    def __init__(self, dataset: ShardDataset, collate_fn: Callable | None):
+        self.dataset, self.collate_fn = dataset, collate_fn
+
+    def __call__(self):
+        return self.dataset.maker(self.collate_fn)
 
 
 class _OldJob:

@@ -7,10 +7,11 @@ number of workers. Messages are values: ``("ok", b, header, info)`` or
 re-raised by the consumer. A worker that dies without a word (SIGKILL,
 segfault) is noticed through its process sentinel within ``poll_s``.
 
-Processes are forked (fast start; the dataset's index is inherited, not
-pickled). Workers touch numpy, numba and pyarrow, not torch's thread pools,
-and set torch to one thread, so a fork after torch started its threads is
-safe. Each worker also watches its parent: if the main process is killed, the
+Processes are forked by default (fast start; the dataset's index is
+inherited, not pickled). Workers touch numpy, numba and pyarrow, not torch's
+thread pools, and set torch to one thread, so a fork after torch started its
+threads is safe. ``spawn`` and ``forkserver`` work too: the maker factory
+(loader.MakerFactory) and the pipe ends are pickled to the child. Each worker also watches its parent: if the main process is killed, the
 workers exit instead of lingering as orphans.
 """
 
@@ -52,7 +53,7 @@ def _worker_main(wid: int, make_maker, tasks, results, prefix: str, slots: int, 
     try:
         while True:
             if not tasks.poll(_PARENT_CHECK_S):
-                if os.getppid() != parent:
+                if parent is not None and os.getppid() != parent:
                     return
                 continue
             try:
@@ -80,8 +81,14 @@ def _worker_main(wid: int, make_maker, tasks, results, prefix: str, slots: int, 
 class WorkerPool:
     """``num_workers`` named daemon processes with a task and a result pipe each."""
 
-    def __init__(self, num_workers: int, make_maker, slots: int, name: str = "shardfeed-loader"):
-        ctx = mp.get_context("fork")
+    def __init__(self, num_workers: int, make_maker, slots: int, name: str = "shardfeed-loader", context=None):
+        if context is None:
+            context = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+        ctx = mp.get_context(context) if isinstance(context, str) else context
+        forked = ctx.get_start_method() == "fork"
+        # a forkserver child's parent is the server, not us: it notices our
+        # death by EOF on its task pipe instead
+        parent = None if ctx.get_start_method() == "forkserver" else os.getpid()
         self.prefix = shm.new_prefix()
         self.slots = slots
         self.reader = shm.SlotReader()
@@ -96,10 +103,12 @@ class WorkerPool:
             ends.append((t_recv, t_send, r_recv, r_send))
         try:
             for w, (t_recv, t_send, r_recv, r_send) in enumerate(ends):
-                # the child closes every end that is not its own, so EOF works both ways
-                others = [c for i, e in enumerate(ends) for c in e if not (i == w and c in (t_recv, r_send))]
+                # a forked child closes every end that is not its own, so EOF works
+                # both ways; a spawned one inherits only what it is given
+                others = [c for i, e in enumerate(ends) for c in e
+                          if not (i == w and c in (t_recv, r_send))] if forked else []
                 p = ctx.Process(target=_worker_main, name=f"{name}-{w}", daemon=True,
-                                args=(w, make_maker, t_recv, r_send, self.prefix, slots, os.getpid(), others))
+                                args=(w, make_maker, t_recv, r_send, self.prefix, slots, parent, others))
                 p.start()
                 self.procs.append(p)
         finally:
