@@ -199,3 +199,18 @@ def test_targets_compare_within_the_same_worker_count():
     assert got[("peak", "2KiB, 2 workers, shuffle off")] is False      # 300 > 280
     assert got[("2", "2KiB, shuffle off")] is False                    # 2 workers slower than 0
     assert got[("peak", "2KiB, 0 workers, 1,000 -> 4,000 samples")] is False  # +20%
+
+
+def test_peak_rss_is_not_inherited_from_the_spawning_process(small_run):
+    """Regression: getrusage's ru_maxrss survives exec on Linux, so every fresh
+    child reported at least the orchestrator's own peak (all peers showed the
+    same 381 MiB). The child now reports its own VmHWM."""
+    _, _, _, args = small_run
+    plan = bench_read.Plan(args)
+    ballast = b"\x01" * (700 << 20)  # touched pages: this process's peak RSS is now > 700 MiB
+    result = bench_read.run_child({"mode": "read", "library": "files", "folder": plan.folder("files", "2KiB", 600),
+                                   "count": 600, "size": 2048, "workers": 0, "shuffle": False, "batch_size": 64,
+                                   "expected": SampleSpec(600, 2048).expected()}, timeout=120)
+    del ballast
+    assert result["status"] == "ok", result
+    assert 50 < result["child_peak_rss_mib"] < 600 and result["peak_rss_mib"] < 600, result

@@ -15,7 +15,6 @@ Jobs:
 from __future__ import annotations
 
 import json
-import resource
 import sys
 import time
 import traceback
@@ -28,11 +27,20 @@ def _short(e: BaseException) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
-def _peak_rss_mib() -> float:
-    # ru_maxrss is KiB on Linux; children = the largest waited-for child.
-    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return round(max(own, kids) / 1024, 1)
+def _peak_rss_mib() -> float | None:
+    """This process's own peak RSS (VmHWM), or None where /proc is absent.
+
+    Not getrusage's ru_maxrss: Linux carries it across exec, so a fresh
+    interpreter would report the peak of the process that spawned it.
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024, 1)  # kB
+    except OSError:
+        pass
+    return None
 
 
 def _run(job: dict) -> dict:

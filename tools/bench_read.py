@@ -55,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--growth", type=int, default=4,
                         help="also read shardfeed's 2 KiB data at this many times the samples, "
-                             "to show RSS against dataset size; 0 turns it off (default: %(default)s)")
+                             "to show RSS against dataset size; 0 or 1 turns it off (default: %(default)s)")
     parser.add_argument("--repeats", type=int, default=1,
                         help="passes per configuration, each in a fresh process; the median is kept")
     parser.add_argument("--timeout", type=float, default=600.0,
