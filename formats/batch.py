@@ -2,12 +2,14 @@
 
 The per-sample readers in readers.py build a dict of ``bytes`` per sample;
 every peer library is bound by exactly that kind of per-sample Python work
-(PEERS.md). Here a batch's sample ids are grouped by shard and each group is
-gathered by one jitted loop straight from the shard's mmap into one
-contiguous buffer, sample after sample, each sample's members in member
-order. A sample's bytes are therefore one contiguous range, so its xxh3
-checksum is one call over that range. Per field we keep two int64 arrays
-(start, size) into the buffer; ``-1`` marks a sample lacking the field.
+(PEERS.md). Here all tar samples of a batch, whatever their shards, are
+gathered by one jitted call (``_tar_gather``) into one contiguous buffer,
+sample after sample, each sample's members in member order, read with
+preadv from the page cache (see the note above MAPPED_BUDGET_BYTES). A
+sample's bytes are therefore one contiguous range, so its xxh3 checksum is
+one C call over that range, made inside the same loop. Per field we keep two
+int64 arrays (start, size) into the buffer; ``-1`` marks a sample lacking the
+field.
 
 The buffer comes from the caller (``alloc``) so a loader worker can gather
 straight into shared memory. Parquet and Arrow shards are read by row group:

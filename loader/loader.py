@@ -149,13 +149,14 @@ class Loader:
             else:
                 pool = self._start_pool()
                 pool.drain()
+                pool.set_plan(plan)
                 W, P = self.num_workers, self.prefetch
                 sent = start
                 resumed = time.perf_counter()
                 for s in range(start, steps):
                     while sent < steps and sent < s + P * W:
-                        pool.submit(sent % W, sent, plan.positions(sent * bs, min(n, (sent + 1) * bs)),
-                                    (sent // W) % P, stage.image_size)
+                        pool.submit(sent % W, sent, sent * bs, min(n, (sent + 1) * bs), (sent // W) % P,
+                                    stage.image_size)
                         sent += 1
                     cols, info = pool.receive(s % W, s, (s // W) % P)
                     t1 = time.perf_counter()
