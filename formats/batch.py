@@ -241,15 +241,25 @@ class RawBatch:
     ``fields[name]`` is ``("bytes", starts, sizes)`` into ``buf`` (size -1:
     the sample lacks the field), ``("text", starts, sizes)`` for columnar
     UTF-8 strings, or ``("array", values)`` for typed columnar values.
+    Keys are ``keys`` (a list), or for tar-only batches ``key_blob``: the
+    keys as UTF-8 joined by NUL (no key holds one), decoded on first use of
+    ``keys`` (a worker passes the blob on without ever building the list).
     """
 
     ids: np.ndarray
-    keys: list
+    key_list: list | None
     buf: np.ndarray
     fields: dict
     shards: np.ndarray  # shard of each sample, for error messages
     errors: list = field(default_factory=list)  # (shard path, reason) of skipped samples/shards
     bytes_read: int = 0
+    key_blob: bytes | None = None
+
+    @property
+    def keys(self) -> list:
+        if self.key_list is None:
+            self.key_list = self.key_blob.decode("utf-8").split("\0") if len(self.ids) else []
+        return self.key_list
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -576,7 +586,7 @@ class BatchReader:
                                            "(corrupt sidecar)")
                 raise ShardError(path, f"reading sample {int(t_local[k])} came up short: the shard is shorter than "
                                        "its sidecar says (truncated while open?)")
-            tar_keys = str(memoryview(kbuf)[:-1], "utf-8").split("\0")
+            key_blob = kbuf[:-1].tobytes()
             tar_bytes = int(tsz.sum())
             if not self._io_fn:  # copied from the mapping: its pages now count in RSS
                 self._mapped += tar_bytes + FAULT_AROUND * len(tar_pos)
@@ -591,6 +601,7 @@ class BatchReader:
                 bad = sums != self._checksums(t_slot, t_local)
             if bad.any():
                 failed = []
+                tar_keys = key_blob.decode("utf-8").split("\0")
                 for w in np.flatnonzero(bad).tolist():
                     row = int(tar_rows[w])
                     failed.append((row, self.index.path(int(shard[row])),
@@ -602,12 +613,10 @@ class BatchReader:
                     keep[row] = False
                     errors.append((path, reason, 1))
                 return None
-            if all_tar:
-                keys = tar_keys
-        if keys is None:
+        if not all_tar or not len(tar_pos):
             keys_np = np.empty(n, dtype=object)
             if len(tar_pos):
-                keys_np[tar_pos] = tar_keys
+                keys_np[tar_pos] = key_blob.decode("utf-8").split("\0")
             for view, rows, tbl in col_tables:
                 keys_np[pos_of[rows]] = np.array(tbl.column("__key__").to_pylist(), dtype=object)
             keys = keys_np.tolist()
@@ -640,6 +649,8 @@ class BatchReader:
         for name, parts in typed.items():
             if name not in fields:
                 fields[name] = ("array", _typed_column(parts, n))
+        if keys is None:
+            return RawBatch(ids[live], None, buf[:total], fields, shard[live], errors, total, key_blob)
         return RawBatch(ids[live], keys, buf[:total], fields, shard[live], errors, total)
 
     def _checksums(self, t_slot, t_local) -> np.ndarray:

@@ -18,7 +18,7 @@ import numpy as np
 
 from shardfeed.formats import ShardError, codec_of, decode_field
 from shardfeed.formats.batch import BatchReader, RawBatch, parse_ints
-from shardfeed.loader.collate import Blob, collate_column, default_collate
+from shardfeed.loader.collate import Blob, Strs, collate_column, default_collate
 from shardfeed.loader.errors import ErrorPolicy
 
 
@@ -79,7 +79,7 @@ class BatchMaker:
     # -- fast path: whole columns ---------------------------------------
     def _columns(self, raw: RawBatch, image_size, errors) -> dict:
         n = len(raw)
-        cols: dict[str, Any] = {"__key__": raw.keys}
+        cols: dict[str, Any] = {"__key__": raw.keys if raw.key_blob is None else Strs(raw.key_blob, n)}
         bad = np.zeros(n, np.bool_)
         reasons: dict[int, str] = {}
         for name, spec in raw.fields.items():
@@ -186,6 +186,9 @@ def _drop_rows(cols: dict, keep: np.ndarray) -> dict:
             out[name] = col[idx]
         elif isinstance(col, Blob):
             out[name] = Blob(col.buf, col.starts[idx], col.sizes[idx], col.text)
+        elif isinstance(col, Strs):
+            items = col.to_list()
+            out[name] = [items[i] for i in idx.tolist()]
         else:
             out[name] = [col[i] for i in idx.tolist()]
     return out

@@ -5,6 +5,8 @@ A batch travels as a dict of *columns*, never as a list of sample dicts:
 - ``np.ndarray``: numbers and same-shaped arrays, stacked (-> ``torch.Tensor``);
 - ``Blob``: variable-length bytes or text of the whole batch as one buffer
   plus (start, size) per sample (-> ``list[bytes]`` / ``list[str]``);
+- ``Strs``: strings (the keys) as one NUL-joined UTF-8 blob (-> ``list[str]``),
+  passed from the gather to the main process without a list in between;
 - ``list``: anything else (JSON values, ragged arrays), kept per sample.
 
 ``materialize`` turns columns into what the user sees; it runs in the main
@@ -76,6 +78,20 @@ class Blob:
         return cls(np.frombuffer(data, np.uint8), starts, sizes, text)
 
 
+@dataclass
+class Strs:
+    """``count`` strings, none holding a NUL, as UTF-8 joined by NUL."""
+
+    data: bytes
+    count: int
+
+    def __len__(self) -> int:
+        return self.count
+
+    def to_list(self) -> list[str]:
+        return self.data.decode("utf-8").split("\0") if self.count else []
+
+
 def _stackable(values: list) -> np.ndarray | None:
     """One array for a column when every value is a number, or an array of one shape and dtype."""
     first = values[0]
@@ -135,7 +151,7 @@ def materialize(columns: Any, pin_memory: bool = False) -> Any:
         if isinstance(col, np.ndarray):
             t = torch.from_numpy(np.array(col, copy=True)) if col.dtype.kind in "biufc" else col.tolist()
             out[name] = t.pin_memory() if pin_memory and isinstance(t, torch.Tensor) else t
-        elif isinstance(col, Blob):
+        elif isinstance(col, (Blob, Strs)):
             out[name] = col.to_list()
         else:
             out[name] = col

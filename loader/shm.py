@@ -36,7 +36,7 @@ import tempfile
 
 import numpy as np
 
-from shardfeed.loader.collate import Blob
+from shardfeed.loader.collate import Blob, Strs
 
 _ALIGN = 64
 _MIN_SEG = 1 << 20
@@ -135,6 +135,9 @@ class SlotWriter:
                     data_off = put(np.ascontiguousarray(col.buf))
                 desc[name] = ("blob", data_off, data_len, put(np.ascontiguousarray(col.starts, np.int64)),
                               put(np.ascontiguousarray(col.sizes, np.int64)), len(col), col.text)
+            elif isinstance(col, Strs):
+                data = np.frombuffer(col.data, np.uint8)
+                desc[name] = ("strs", put(data), data.size, len(col))
             elif (isinstance(col, list) and col and all(type(v) is str for v in col)):
                 joined = "\0".join(col)
                 if joined.count("\0") == len(col) - 1:  # no NUL inside: one decode + split rebuilds it
@@ -205,7 +208,7 @@ class SlotReader:
                                 np.frombuffer(view, np.int64, n, zoff), text)
             elif kind == "strs":
                 _, off, nbytes, n = d
-                out[col] = str(memoryview(view)[off:off + nbytes], "utf-8").split("\0")
+                out[col] = str(memoryview(view)[off:off + nbytes], "utf-8").split("\0") if n else []
             else:
                 out[col] = d[1]
         return out

@@ -179,3 +179,22 @@ def test_stats_count_samples_bytes_and_stall(make_dataset):
     assert st["samples"] == 60 and st["batches"] == 4
     assert st["bytes_read"] > 60 * 64 and st["read_s"] > 0 and st["wait_s"] > 0
     assert st["samples_per_s"] > 0 and st["errors_skipped"] == 0
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_sample_that_does_not_decode_is_dropped_with_its_key_under_skip(tmp_path, workers):
+    """Keys travel as one blob from the gather (collate.Strs); dropping a
+    row that fails to decode must drop its key too, not shift the others."""
+    from shardfeed.formats import ShardWriter
+
+    root = str(tmp_path / "ds")
+    with ShardWriter(root, max_shard_samples=10) as w:
+        for i in range(30):
+            w.write({"__key__": f"k{i:03d}", "cls": b"oops" if i == 13 else str(i).encode()})
+    with Loader(ShardDataset(root, shuffle="none", on_error="skip"), 8, num_workers=workers) as loader:
+        batches = list(loader)
+        st = loader.stats()
+    keys = [k for b in batches for k in b["__key__"]]
+    labels = [int(v) for b in batches for v in b["cls"]]
+    assert keys == [f"k{i:03d}" for i in range(30) if i != 13]
+    assert labels == [i for i in range(30) if i != 13] and st["errors_skipped"] == 1

@@ -9,6 +9,7 @@ import pytest
 from loader_helpers import keys_of
 
 from shardfeed.loader import Loader, ShardDataset
+from shardfeed.loader.collate import materialize
 from shardfeed.loader.loader import MakerFactory
 
 
@@ -18,7 +19,7 @@ def test_maker_factory_pickles_and_builds_a_maker(make_dataset):
     maker = f()
     try:
         cols, _ = maker.make([3, 4])
-        assert cols["__key__"] == ["00000003", "00000004"]
+        assert materialize(cols)["__key__"] == ["00000003", "00000004"]
     finally:
         maker.close()
 
