@@ -277,6 +277,16 @@ class MakerFactory:
     def __call__(self):
         return self.dataset.maker(self.collate_fn)
 
+    def warm(self, maker) -> None:
+        """Load the jitted gather and this order's permutation before the
+        first task: a fresh worker otherwise spends ~1 s of its first batch
+        loading them from numba's cache, and the batches of the worker that
+        starts second wait behind that on the consumer's path."""
+        maker.reader.warm()
+        plan = self.dataset.plan()
+        if plan.num_samples:
+            plan.positions(0, 1)
+
 
 class _OldJob:
     """The dataset as the saved job saw it: another world size, rank 0."""

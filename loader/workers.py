@@ -53,6 +53,9 @@ def _worker_main(wid: int, make_maker, tasks, results, prefix: str, slots: int, 
     except Exception:
         pass
     maker = make_maker()
+    warm = getattr(make_maker, "warm", None)
+    if warm is not None:  # load jitted code now, in parallel with the other workers
+        warm(maker)
     writer = shm.SlotWriter(prefix, wid, slots)
     plan = None
     try:
