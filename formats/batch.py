@@ -591,12 +591,20 @@ class BatchReader:
             _, err, k = _tar_gather(table, t_slot, t_local, tar_pos, buf, dst_pos, fstart, fsize, kbuf, kpos, hfn,
                                     bad, self._io_fn, self._iov, self._junk)
             if err:
-                path = self.index.path(int(shard[tar_rows[k]]))
-                if err == 1:
-                    raise ShardError(path, f"sample {int(t_local[k])}'s sidecar entries point outside the shard "
-                                           "(corrupt sidecar)")
-                raise ShardError(path, f"reading sample {int(t_local[k])} came up short: the shard is shorter than "
-                                       "its sidecar says (truncated while open?)")
+                s = int(shard[tar_rows[k]])
+                path = self.index.path(s)
+                reason = (f"sample {int(t_local[k])}'s sidecar entries point outside the shard (corrupt sidecar)"
+                          if err == 1 else f"reading sample {int(t_local[k])} came up short: the shard is shorter "
+                                           "than its sidecar says (truncated while open?)")
+                if not self.skip:
+                    raise ShardError(path, reason)
+                # the whole shard is unreadable from here on: leave it out, like one that fails to open
+                self._bad[s] = reason
+                self._close_view(s, self._open.pop(s))
+                rows = live[shard[live] == s]
+                keep[rows] = False
+                errors.append((path, reason, len(rows)))
+                return None
             key_blob = kbuf[:-1].tobytes()
             tar_bytes = int(tsz.sum())
             if not self._io_fn:  # copied from the mapping: its pages now count in RSS

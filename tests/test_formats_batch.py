@@ -100,3 +100,17 @@ def test_a_batch_may_span_more_shards_than_stay_open(make_dataset):
     assert len(r._open) == 3
     assert _as_samples(r.read(ids[::2])) == _expected(root, ids[::2])
     r.close()
+
+
+def test_a_shard_cut_after_it_was_opened_is_skipped_whole_under_skip(make_dataset):
+    root = make_dataset(40, shard_samples=20)
+    r = BatchReader(open_index(root), skip=True)
+    r.read([0, 25])
+    path = open_index(root).path(1)
+    with open(path, "r+b") as f:
+        f.truncate(2048)
+    raw = r.read(np.arange(10, 40))
+    assert raw.keys == [f"{i:08d}" for i in range(10, 20)]
+    assert len(raw.errors) == 1 and raw.errors[0][0] == path and raw.errors[0][2] == 20
+    assert r.read([35]).errors[0][0] == path  # stays left out
+    r.close()
