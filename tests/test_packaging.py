@@ -1,5 +1,6 @@
 """The distribution installs only under the one import name `shardfeed`."""
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -12,8 +13,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow
 def test_wheel_holds_only_shardfeed(tmp_path):
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(tmp_path), str(ROOT)], check=True, timeout=300)
+    had_build = (ROOT / "build").exists()
+    try:
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                        "-w", str(tmp_path), str(ROOT)], check=True, timeout=300)
+    finally:
+        if not had_build:  # setuptools builds in the source tree: leave no stale copy behind
+            shutil.rmtree(ROOT / "build", ignore_errors=True)
     (wheel,) = tmp_path.glob("shardfeed-*.whl")
     tops = {name.split("/", 1)[0] for name in zipfile.ZipFile(wheel).namelist()}
     assert {t for t in tops if not t.endswith(".dist-info")} == {"shardfeed"}
