@@ -44,5 +44,5 @@ def test_demo_without_training_reads_every_label_back(tmp_path):
                           "64", "--no-train"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "train: wrote 300 samples in 5 shards" in out.stdout
-    assert re.search(r"read 300 samples back through Loader, 2 workers, global shuffle: [\d,]+ samples/s, "
-                     r"every label checked", out.stdout), out.stdout
+    assert re.search(r"read 300 samples back through Loader, 2 workers, global shuffle, decoding PNG: "
+                     r"[\d,]+ samples/s \([\d,]+ in the first epoch.*\), every label checked", out.stdout), out.stdout
