@@ -34,9 +34,9 @@ class BatchMaker:
 
     def __init__(self, index, decode: bool = True, transform: Callable | None = None,
                  collate_fn: Callable | None = None, policy: ErrorPolicy | None = None,
-                 unsafe: tuple[str, ...] = ()):
+                 unsafe: tuple[str, ...] = (), read_mode: str = "pread"):
         self.policy = policy or ErrorPolicy("raise")
-        self.reader = BatchReader(index, verify=True, skip=self.policy.skip)
+        self.reader = BatchReader(index, verify=True, skip=self.policy.skip, read_mode=read_mode)
         self.decode = decode
         self.transform = transform
         self.transform_takes_size = transform is not None and _accepts_image_size(transform)

@@ -15,6 +15,8 @@ from shardfeed.formats.native import hash_fn
 
 
 def _reader(root, path_kind, **kw):
+    if path_kind == "mmap":
+        return BatchReader(open_index(root), read_mode="mmap", **kw)
     r = BatchReader(open_index(root), **kw)
     if path_kind in ("mapped", "python-hash"):
         r._io_fn = 0
@@ -48,7 +50,7 @@ def test_native_xxh3_is_found_and_agrees():
     assert hash_fn() != 0  # else every batch hashes in Python: a silent 2x slowdown
 
 
-@pytest.mark.parametrize("path_kind", ["preadv", "mapped", "python-hash"])
+@pytest.mark.parametrize("path_kind", ["preadv", "mapped", "python-hash", "mmap"])
 @pytest.mark.parametrize("compression", [None, "zstd"])
 def test_batches_hold_the_samples_asked_for_in_order_with_repeats(make_dataset, path_kind, compression):
     root = make_dataset(90, shard_samples=20, compression=compression)
@@ -61,7 +63,7 @@ def test_batches_hold_the_samples_asked_for_in_order_with_repeats(make_dataset, 
         r.close()
 
 
-@pytest.mark.parametrize("path_kind", ["preadv", "mapped", "python-hash"])
+@pytest.mark.parametrize("path_kind", ["preadv", "mapped", "python-hash", "mmap"])
 def test_damaged_bytes_are_refused_or_skipped_on_every_path(make_dataset, path_kind):
     root = make_dataset(60, shard_samples=20)
     path, key = _damage_payload(root, shard=1, sample=3)
@@ -79,9 +81,11 @@ def test_damaged_bytes_are_refused_or_skipped_on_every_path(make_dataset, path_k
     assert _as_samples(raw) == _expected(root, keep)
 
 
-def test_a_shard_cut_after_it_was_opened_is_an_error_not_short_data(make_dataset):
+@pytest.mark.parametrize("read_mode", ["pread", "mmap"])
+def test_a_shard_cut_after_it_was_opened_is_an_error_not_short_data(make_dataset, read_mode):
+    """In mmap mode a copy past the file's end would be SIGBUS, killing the test process."""
     root = make_dataset(40, shard_samples=20)
-    r = BatchReader(open_index(root))
+    r = BatchReader(open_index(root), read_mode=read_mode)
     r.read([0, 25])  # both shards open
     path = open_index(root).path(1)
     with open(path, "r+b") as f:
@@ -102,9 +106,10 @@ def test_a_batch_may_span_more_shards_than_stay_open(make_dataset):
     r.close()
 
 
-def test_a_shard_cut_after_it_was_opened_is_skipped_whole_under_skip(make_dataset):
+@pytest.mark.parametrize("read_mode", ["pread", "mmap"])
+def test_a_shard_cut_after_it_was_opened_is_skipped_whole_under_skip(make_dataset, read_mode):
     root = make_dataset(40, shard_samples=20)
-    r = BatchReader(open_index(root), skip=True)
+    r = BatchReader(open_index(root), skip=True, read_mode=read_mode)
     r.read([0, 25])
     path = open_index(root).path(1)
     with open(path, "r+b") as f:
@@ -114,3 +119,23 @@ def test_a_shard_cut_after_it_was_opened_is_skipped_whole_under_skip(make_datase
     assert len(raw.errors) == 1 and raw.errors[0][0] == path and raw.errors[0][2] == 20
     assert r.read([35]).errors[0][0] == path  # stays left out
     r.close()
+
+
+@pytest.mark.parametrize("bad", ["mmaped", "PREAD", None, 1])
+def test_an_unknown_read_mode_is_refused_naming_it_and_the_valid_ones(make_dataset, bad):
+    root = make_dataset(10, shard_samples=5)
+    with pytest.raises(ValueError) as e:
+        BatchReader(open_index(root), read_mode=bad)
+    assert repr(bad) in str(e.value) and "'pread'" in str(e.value) and "'mmap'" in str(e.value)
+
+
+def test_mmap_mode_keeps_shards_mapped_and_pread_mode_leaves_mappings_untouched(make_dataset):
+    """The trade the modes make: mmap copies from the mapping (pages resident), pread never touches it."""
+    root = make_dataset(40, shard_samples=20)
+    ids = np.arange(40)
+    for mode in ("pread", "mmap"):
+        r = BatchReader(open_index(root), read_mode=mode)
+        assert _as_samples(r.read(ids)) == _expected(root, ids)
+        assert (r._io_fn != 0) == (mode == "pread")
+        assert all(v.fd >= 0 for v in r._open.values())  # size checked (mmap) or read (pread) through it
+        r.close()

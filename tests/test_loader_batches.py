@@ -198,3 +198,59 @@ def test_a_sample_that_does_not_decode_is_dropped_with_its_key_under_skip(tmp_pa
     labels = [int(v) for b in batches for v in b["cls"]]
     assert keys == [f"k{i:03d}" for i in range(30) if i != 13]
     assert labels == [i for i in range(30) if i != 13] and st["errors_skipped"] == 1
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("shuffle", ["none", "global"])
+def test_mmap_read_mode_gives_exactly_the_batches_of_pread(make_dataset, workers, shuffle):
+    root = make_dataset(90, shard_samples=25)
+    got = {}
+    for mode in ("pread", "mmap"):
+        ds = ShardDataset(root, shuffle=shuffle, seed=5, read_mode=mode)
+        got[mode] = []
+        with Loader(ds, 16, num_workers=workers) as loader:
+            for ep in range(2):
+                loader.set_epoch(ep)
+                got[mode] += [(b["__key__"], b["cls"].tolist(), b["txt"], b["bin"]) for b in loader]
+    assert got["mmap"] == got["pread"]
+    assert sorted(int(k) for keys, *_ in got["mmap"][:6] for k in keys) == list(range(90))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_mmap_read_mode_refuses_and_skips_damaged_payloads(make_dataset, workers):
+    from test_loader_faults import _damage_payload
+
+    from shardfeed.formats import ShardError
+
+    root = make_dataset(60, shard_samples=20)
+    path, key = _damage_payload(root, sample=3)
+    with Loader(ShardDataset(root, read_mode="mmap"), 8, num_workers=workers) as loader:
+        with pytest.raises(ShardError) as e:
+            list(loader)
+    assert e.value.shard == path and key in e.value.reason and "checksum" in e.value.reason
+    with Loader(ShardDataset(root, read_mode="mmap", on_error="skip"), 8, num_workers=workers) as loader:
+        keys = keys_of(loader)
+        assert loader.stats()["errors_skipped"] == 1
+    assert key not in keys and sorted(keys) == sorted(f"{i:08d}" for i in range(60) if f"{i:08d}" != key)
+
+
+def test_read_mode_travels_to_spawned_workers_makers(make_dataset):
+    import pickle
+
+    from shardfeed.loader.loader import MakerFactory
+
+    root = make_dataset(20, shard_samples=10)
+    factory = pickle.loads(pickle.dumps(MakerFactory(ShardDataset(root, shuffle="global", read_mode="mmap"), None)))
+    maker = factory()
+    try:
+        assert maker.reader.read_mode == "mmap"
+    finally:
+        maker.close()
+
+
+@pytest.mark.parametrize("bad", ["mmap ", "memory", None])
+def test_an_unknown_read_mode_is_refused_by_the_dataset(make_dataset, bad):
+    root = make_dataset(10, shard_samples=5)
+    with pytest.raises(ValueError) as e:
+        ShardDataset(root, read_mode=bad)
+    assert repr(bad) in str(e.value) and "'pread', 'mmap'" in str(e.value)
