@@ -113,7 +113,8 @@ class Plan:
             yield "shardfeed", self.growth_size, self.counts[self.growth_size] * self.growth
 
     def folder(self, lib: str, size: str, count: int) -> str:
-        return os.path.join(self.data, f"{lib}-{size}-{count}")
+        # Variants of one library's reader (shardfeed-mmap) read that library's data.
+        return os.path.join(self.data, f"{ADAPTERS[lib].data_name}-{size}-{count}")
 
 
 # --- child processes ------------------------------------------------------------------
@@ -205,6 +206,7 @@ def expected_for(plan: Plan, size: str, count: int) -> dict:
 
 def ensure_dataset(plan: Plan, lib: str, size: str, count: int) -> dict:
     """Writes one library's dataset unless a complete one is there; returns {"status", ...}."""
+    lib = ADAPTERS[lib].data_name  # a reader variant shares its library's data
     adapter = ADAPTERS[lib]
     folder = plan.folder(lib, size, count)
     want = {"generator": GENERATOR_VERSION, "library": lib, "size": SIZES[size], "count": count}
