@@ -127,46 +127,22 @@ class Loader:
         stage = self.stage()
         self.dataset.image_size = stage.image_size
         steps = plan.steps(bs)
-        n = plan.num_samples
         start = min(self._step, steps)
         st = self._stats
         st.started = time.perf_counter()
         try:
-            if self.num_workers == 0:
-                maker = self._maker or self.dataset.maker(self.collate_fn)
-                self._maker = maker
+            source = (self._local_batches(plan, bs, start, steps, stage) if self.num_workers == 0
+                      else self._worker_batches(plan, bs, start, steps, stage))
+            resumed = time.perf_counter()
+            for s, cols, info in source:
+                t1 = time.perf_counter()
+                batch = materialize(cols, self.pin_memory)
+                self._account(info, resumed, t1)
+                self._step = s + 1
+                yield batch
                 resumed = time.perf_counter()
-                for s in range(start, steps):
-                    cols, info = maker.make(plan.positions(s * bs, min(n, (s + 1) * bs)), stage.image_size)
-                    t1 = time.perf_counter()
-                    batch = materialize(cols, self.pin_memory)
-                    self._account(info, resumed, t1)
-                    self._step = s + 1
-                    yield batch
-                    resumed = time.perf_counter()
-                    if gen != self._gen:
-                        return
-            else:
-                pool = self._start_pool()
-                pool.drain()
-                pool.set_plan(plan)
-                W, P = self.num_workers, self.prefetch
-                sent = start
-                resumed = time.perf_counter()
-                for s in range(start, steps):
-                    while sent < steps and sent < s + P * W:
-                        pool.submit(sent % W, sent, sent * bs, min(n, (sent + 1) * bs), (sent // W) % P,
-                                    stage.image_size)
-                        sent += 1
-                    cols, info = pool.receive(s % W, s, (s // W) % P)
-                    t1 = time.perf_counter()
-                    batch = materialize(cols, self.pin_memory)
-                    self._account(info, resumed, t1)
-                    self._step = s + 1
-                    yield batch
-                    resumed = time.perf_counter()
-                    if gen != self._gen:
-                        return
+                if gen != self._gen:
+                    return
         except BaseException:
             if self._pool is not None and not isinstance(_current_exc(), GeneratorExit):
                 self._shutdown_pool()
@@ -178,6 +154,31 @@ class Loader:
         # the epoch is complete: move on to the next one
         self._epoch, self._step, self._history = self._epoch + 1, 0, ()
         self.dataset.set_epoch(self._epoch)
+
+    def _local_batches(self, plan, bs: int, start: int, steps: int, stage: Stage):
+        """(step, columns, info) made in this process, one step at a time."""
+        n = plan.num_samples
+        maker = self._maker or self.dataset.maker(self.collate_fn)
+        self._maker = maker
+        for s in range(start, steps):
+            cols, info = maker.make(plan.positions(s * bs, min(n, (s + 1) * bs)), stage.image_size)
+            yield s, cols, info
+
+    def _worker_batches(self, plan, bs: int, start: int, steps: int, stage: Stage):
+        """(step, columns, info) from the workers, in step order: step s is made by
+        worker s % W in its slot (s // W) % P, at most P steps ahead per worker."""
+        n = plan.num_samples
+        pool = self._start_pool()
+        pool.drain()
+        pool.set_plan(plan)
+        W, P = self.num_workers, self.prefetch
+        sent = start
+        for s in range(start, steps):
+            while sent < steps and sent < s + P * W:
+                pool.submit(sent % W, sent, sent * bs, min(n, (sent + 1) * bs), (sent // W) % P, stage.image_size)
+                sent += 1
+            cols, info = pool.receive(s % W, s, (s // W) % P)
+            yield s, cols, info
 
     def _account(self, info: dict, resumed: float, t1: float) -> None:
         st = self._stats
