@@ -24,11 +24,10 @@ from shardfeed.shuffling.permutation import (
 
 
 @numba.njit(cache=True, inline="always")
-def _bisect_right(a, x):
-    # Largest k with a[k] <= x, for sorted a with a[0] <= x (empty shards
-    # repeat an offset; taking the last equal one skips them).
-    lo = 0
-    hi = a.shape[0]
+def _bisect_right_in(a, x, lo, hi):
+    # Largest k in [lo, hi) with a[k] <= x, for sorted a with a[lo] <= x (empty
+    # shards repeat an offset; taking the last equal one skips them). A window's
+    # few shards are searched by passing that window's bounds.
     while hi - lo > 1:
         mid = (lo + hi) >> 1
         if a[mid] <= x:
@@ -36,6 +35,11 @@ def _bisect_right(a, x):
         else:
             hi = mid
     return lo
+
+
+@numba.njit(cache=True, inline="always")
+def _bisect_right(a, x):
+    return _bisect_right_in(a, x, 0, a.shape[0])
 
 
 @numba.njit(cache=True)
@@ -43,18 +47,6 @@ def _concat_ids(g, soff, order, offsets, out):
     for j in range(g.shape[0]):
         t = _bisect_right(soff, g[j])
         out[j] = offsets[order[t]] + g[j] - soff[t]
-
-
-@numba.njit(cache=True, inline="always")
-def _bisect_right_in(a, x, lo, hi):
-    # _bisect_right over a[lo:hi] only (a window's few shards, not all of them).
-    while hi - lo > 1:
-        mid = (lo + hi) >> 1
-        if a[mid] <= x:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 @numba.njit(cache=True)
