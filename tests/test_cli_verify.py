@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
+
 import pytest
 
 from shardfeed.formats import open_index
 from shardfeed.tools.cli import main
 
-SHARDFEED = "/work/main/.venv/bin/shardfeed"
+# the console script installed beside the interpreter running the tests
+SHARDFEED = os.path.join(os.path.dirname(sys.executable), "shardfeed")
 
 
 def _flip(path: str, offset: int) -> None:

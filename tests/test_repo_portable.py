@@ -1,0 +1,51 @@
+"""The repository names no path of a particular machine.
+
+Regression for the fresh-clone failure: tests named the development
+machine's console script and test shards by absolute path, so `make test`
+passed only where those paths happened to exist.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Absolute paths that belong to one machine: home folders, the build host's
+# work tree, a checked-out virtualenv, or a sibling shared/ folder.
+MACHINE_PATH = re.compile(r"""(?<![\w.])(/work/|/home/\w|/root/|/Users/\w|[A-Z]:\\\\Users\\\\|/tmp/bash_jobs|\.\./shared/|/\.venv/)""")  # machine-path-ok
+
+
+def _tracked_files() -> list[str]:
+    try:
+        out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout: nothing tracked to scan")
+    return [p for p in out.decode().split("\0") if p]
+
+
+def test_no_tracked_file_names_a_machine_path():
+    offenders = []
+    for rel in _tracked_files():
+        path = os.path.join(ROOT, rel)
+        if rel.startswith("tests/data/") or not os.path.isfile(path):
+            continue
+        with open(path, "rb") as f:
+            data = f.read(1 << 20)
+        if b"\0" in data:
+            continue  # binary file
+        for lineno, line in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
+            if MACHINE_PATH.search(line) and "machine-path-ok" not in line:
+                offenders.append(f"{rel}:{lineno}: {line.strip()[:120]}")
+    assert not offenders, "tracked files name a path of one machine:\n" + "\n".join(offenders)
+
+
+def test_the_pattern_catches_what_broke_the_clone():
+    assert MACHINE_PATH.search('SHARDFEED = "/work/main/.venv/bin/shardfeed"')  # machine-path-ok
+    assert MACHINE_PATH.search('WDS = "/work/shared/data/wds-testdata"')  # machine-path-ok
+    assert not MACHINE_PATH.search('os.path.join(os.path.dirname(sys.executable), "shardfeed")')
+    assert not MACHINE_PATH.search("VENV ?= .venv")
