@@ -1,13 +1,28 @@
-"""Counters of a Loader: throughput, data stall, time per stage, errors."""
+"""Counters of a Loader: throughput, data stall, time per stage, errors.
+
+Every counter is kept twice: for the epoch being read and over the Loader's
+life. ``LoaderStats.snapshot()`` returns a ``StatsSnapshot``:
+
+    {"epoch": {"number": 3, "samples": ..., "batches": ..., "elapsed_s": ...,
+               "samples_per_s": ..., "wait_s": ..., "stall_fraction": ...,
+               "read_s": ..., "decode_s": ..., "collate_s": ..., "transfer_s": ...,
+               "bytes_read": ..., "errors_skipped": ...},
+     "total": {the same keys, no "number"},
+     "samples": ..., ...}   # the totals again, flat, as stats() always returned them
+
+``str(snapshot)`` is two human lines (``print(loader.stats())``).
+"""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass
 
 
 @dataclass
-class LoaderStats:
+class Counters:
+    """What one span of reading (an epoch, or the Loader's life) adds up to."""
+
     samples: int = 0
     batches: int = 0
     wait_s: float = 0.0  # time the consumer spent inside next(): the data stall
@@ -17,8 +32,69 @@ class LoaderStats:
     transfer_s: float = 0.0  # main process: rebuilding batches from shared memory
     bytes_read: int = 0
     errors_skipped: int = 0
-    started: float | None = field(default=None, repr=False)
-    elapsed_s: float = 0.0
+    elapsed_s: float = 0.0  # time inside iteration, the consumer's own work included
+
+    def view(self, running_s: float = 0.0) -> dict:
+        """The counters plus the rates derived from them; ``running_s`` is the
+        time of an iteration still in progress, not yet added to elapsed_s."""
+        out = asdict(self)
+        elapsed = self.elapsed_s + running_s
+        out["elapsed_s"] = elapsed
+        out["samples_per_s"] = self.samples / elapsed if elapsed > 0 else 0.0
+        out["stall_fraction"] = self.wait_s / elapsed if elapsed > 0 else 0.0
+        return out
+
+
+class _Counted:
+    """A LoaderStats field the Loader adds to in place (``st.samples += n``).
+
+    Reading gives the lifetime total; an assignment adds its increment to both
+    the total and the current epoch. The Loader's accounting stays one line
+    per counter and never has to know that epochs are counted apart.
+    """
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj, owner=None):
+        return self if obj is None else getattr(obj.total, self.name)
+
+    def __set__(self, obj, value) -> None:
+        step = value - getattr(obj.total, self.name)
+        setattr(obj.total, self.name, value)
+        setattr(obj.epoch, self.name, getattr(obj.epoch, self.name) + step)
+
+
+class LoaderStats:
+    """The Loader's counters: ``epoch`` (since ``start_epoch``) and ``total``."""
+
+    samples = _Counted()
+    batches = _Counted()
+    wait_s = _Counted()
+    read_s = _Counted()
+    decode_s = _Counted()
+    collate_s = _Counted()
+    transfer_s = _Counted()
+    bytes_read = _Counted()
+    errors_skipped = _Counted()
+    elapsed_s = _Counted()
+
+    def __init__(self):
+        self.epoch = Counters()
+        self.total = Counters()
+        self.epoch_number: int | None = None  # None until the Loader first calls start_epoch
+        self.started: float | None = None  # perf_counter() when the running iteration began
+
+    def start_epoch(self, epoch: int, fresh: bool = True) -> None:
+        """Called as an iteration begins. The epoch counters start again when
+        ``epoch`` is another epoch, or when the iteration starts at its first
+        step (``fresh``); an iteration resuming the same epoch part-way keeps
+        adding to them."""
+        if epoch != self.epoch_number or fresh:
+            self.epoch = Counters()
+            self.epoch_number = epoch
+            if self.started is not None:  # an iteration still running: its time so far stays out of this epoch
+                self.epoch.elapsed_s = -(time.perf_counter() - self.started)
 
     def add_info(self, info: dict, skipped: int) -> None:
         self.read_s += info["read_s"]
@@ -27,14 +103,51 @@ class LoaderStats:
         self.bytes_read += info["bytes"]
         self.errors_skipped += skipped
 
-    def snapshot(self) -> dict:
-        now = time.perf_counter()
-        elapsed = self.elapsed_s + ((now - self.started) if self.started is not None else 0.0)
-        return {
-            "samples": self.samples, "batches": self.batches,
-            "samples_per_s": self.samples / elapsed if elapsed > 0 else 0.0,
-            "elapsed_s": elapsed, "wait_s": self.wait_s,
-            "stall_fraction": self.wait_s / elapsed if elapsed > 0 else 0.0,
-            "read_s": self.read_s, "decode_s": self.decode_s, "collate_s": self.collate_s,
-            "transfer_s": self.transfer_s, "bytes_read": self.bytes_read, "errors_skipped": self.errors_skipped,
-        }
+    def snapshot(self) -> StatsSnapshot:
+        running = time.perf_counter() - self.started if self.started is not None else 0.0
+        total = self.total.view(running)
+        # Before the first start_epoch the Loader's life is the only span known.
+        epoch = total if self.epoch_number is None else self.epoch.view(running)
+        return StatsSnapshot(total, epoch={"number": self.epoch_number, **epoch}, total=dict(total))
+
+
+class StatsSnapshot(dict):
+    """What ``Loader.stats()`` returns: a plain dict (JSON-ready, flat keys are
+    the totals) whose ``str()`` is readable."""
+
+    def format(self) -> str:
+        epoch, total = self["epoch"], self["total"]
+        if epoch["number"] is None:
+            return "total: " + _line(total)
+        head = f"epoch {epoch['number']}: "
+        return head + _line(epoch) + "\n" + "total:".ljust(len(head)) + _line(total)
+
+    def __str__(self) -> str:
+        return self.format()
+
+
+def _line(c: dict) -> str:
+    return (f"{_count(c['samples'], 'sample')} ({_count(c['batches'], 'batch')}) in {_seconds(c['elapsed_s'])}"
+            f" ({c['samples_per_s']:,.0f}/s), data stall {c['stall_fraction']:.1%}, "
+            f"{_bytes(c['bytes_read'])} read, {_count(c['errors_skipped'], 'error')} skipped")
+
+
+def _count(n: int, noun: str) -> str:
+    plural = noun + ("es" if noun.endswith(("s", "sh", "ch", "x")) else "s")
+    return f"{n:,} {noun if n == 1 else plural}"
+
+
+def _seconds(s: float) -> str:
+    if s < 100:
+        return f"{s:.1f} s"
+    if s < 3600:
+        return f"{int(s // 60)} min {int(s % 60):02d} s"
+    return f"{int(s // 3600)} h {int(s % 3600 // 60):02d} min"
+
+
+def _bytes(n: int) -> str:
+    # decimal units, as the benchmarks report them (1 MB = 1e6 B)
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:,.1f} {unit}"
+    return f"{n:,} B"
