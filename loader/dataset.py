@@ -18,10 +18,15 @@ import torch.utils.data
 
 from shardfeed.formats import ShardError, open_index
 from shardfeed.formats.batch import check_read_mode
+from shardfeed.loader import state as _state
 from shardfeed.loader import topology as _topology
 from shardfeed.loader.batcher import BatchMaker
 from shardfeed.loader.errors import ErrorPolicy
-from shardfeed.shuffling import Order, Topology, make_plan, replan
+from shardfeed.loader.feed import EpochFeed
+from shardfeed.loader.schedule import BatchSchedule
+from shardfeed.shuffling import Order
+from shardfeed.shuffling.spec import Job, PlanSpec
+from shardfeed.shuffling.workers import steps_of
 
 _BLOCK = 64  # positions per block when a torch DataLoader's workers split a plan
 
@@ -101,6 +106,7 @@ class ShardDataset(torch.utils.data.IterableDataset):
             raise ShardError(self.index.root, "dataset holds no samples")
         self.epoch = 0
         self.image_size: int | None = None  # set by a Loader's schedule
+        self._spec: PlanSpec | None = None
 
     @property
     def rank(self) -> int:
@@ -116,45 +122,44 @@ class ShardDataset(torch.utils.data.IterableDataset):
         self.epoch = int(epoch)
 
     # -- plans ----------------------------------------------------------
-    def plan(self, epoch: int | None = None, weights: tuple[int, ...] | None = None, history=(),
-             batch_size: int | None = None):
-        """This rank's EpochPlan; ``weights`` are per-rank batch sizes; ``history``
-        lists earlier world sizes of this epoch as ((world_size, weights), consumed);
-        ``batch_size`` (this rank's) turns on locality-aware dealing when the
-        dataset asks for it."""
-        epoch = self.epoch if epoch is None else epoch
-        rpn = self.topology.ranks_per_node
-        topo = Topology(self.rank, self.world_size, weights, rpn)
-        opts = self.plan_options(batch_size)
-        if not history:
-            return make_plan(self.index.counts, self.order, self.seed, epoch, topo, **opts)
-        old = [(Topology(0, w, tuple(wt) if wt else None, rpn if rpn and rpn <= w else None), tuple(c))
-               for (w, wt), c in history]
-        return replan(self.index.counts, self.order, self.seed, epoch, old[-1][0], old[-1][1], topo,
-                      history=old[:-1], **opts)
+    @property
+    def spec(self) -> PlanSpec:
+        """What this dataset shuffles and how (the input of every plan)."""
+        if self._spec is None:
+            self._spec = PlanSpec(self.index.counts, self.order, self.seed, drop_last=self.drop_last,
+                                  locality=self.locality)
+        return self._spec
 
-    def plan_options(self, batch_size: int | None = None) -> dict:
-        """make_plan's keywords for this dataset (locality only with a batch size)."""
-        if self.locality and batch_size is not None:
-            return {"drop_last": self.drop_last, "locality": True, "batch_size": int(batch_size)}
-        return {"drop_last": self.drop_last}
+    def fingerprint(self) -> dict:
+        """Plain data naming the data and the shuffle; a saved position applies only to the same."""
+        return _state.fingerprint(self)
+
+    def feed(self, schedule: BatchSchedule) -> EpochFeed:
+        """This rank's epoch feed under ``schedule`` (what a Loader reads from)."""
+        t = self.topology
+        return EpochFeed(self.spec, schedule, t.rank, t.world_size, t.ranks_per_node, self.fingerprint(),
+                         epoch=self.epoch)
+
+    def unbatched_plan(self, epoch: int | None = None):
+        """This rank's plan for reading sample by sample (a plain torch DataLoader, ``len()``)."""
+        t = self.topology
+        return self.spec.plan(self.epoch if epoch is None else epoch, Job(t.world_size, None, t.ranks_per_node), t.rank)
 
     def __len__(self) -> int:
-        return self.plan().num_samples
+        return self.unbatched_plan().num_samples
 
     def maker(self, collate_fn: Callable | None = None, decode: bool | None = None) -> BatchMaker:
         return BatchMaker(self.index, decode=self.decode if decode is None else decode, transform=self.transform,
-                          collate_fn=collate_fn, policy=ErrorPolicy(self.on_error), read_mode=self.read_mode)
+                          collate_fn=collate_fn, policy=self.policy, read_mode=self.read_mode)
 
     # -- iteration (sample dicts, for a plain torch DataLoader) ---------
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = torch.utils.data.get_worker_info()
         wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
-        plan = self.plan()
-        maker = BatchMaker(self.index, decode=self.decode, transform=self.transform,
-                           collate_fn=_as_samples, policy=self.policy, read_mode=self.read_mode)
+        plan = self.unbatched_plan()
+        maker = self.maker(_as_samples)
         try:
-            for b in range(wid, -(-plan.num_samples // _BLOCK), nw):
+            for b in steps_of(wid, nw, 0, -(-plan.num_samples // _BLOCK)):
                 ids = plan.positions(b * _BLOCK, min(plan.num_samples, (b + 1) * _BLOCK))
                 samples, info = maker.make(ids, self.image_size)
                 self.policy.report(info["errors"])

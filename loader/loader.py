@@ -1,23 +1,25 @@
 """Loader: batches of a ShardDataset, prefetched by worker processes, resumable.
 
-The Loader owns the epoch, the position in it and the state dict; it asks
-the dataset for this rank's plan (shardfeed.shuffling) and hands batch ``s``
-of the plan (positions ``s*b .. (s+1)*b``) to worker ``s % num_workers``
-(workers.py), which reads, decodes and collates it into a shared-memory slot
-(shm.py). The main process takes batches in plan order, so the sequence is
-the same for any ``num_workers``, including 0 (no processes at all).
+The Loader only delivers. What comes next is the feed's business
+(feed.py: epochs, steps, stages, elastic history); the Loader asks it for
+work items, hands step ``s`` to worker ``s % num_workers`` (workers.py),
+which reads, decodes and collates it into a shared-memory slot (shm.py),
+and takes batches back in step order, so the sequence is the same for any
+``num_workers``, including 0 (no processes at all).
 
 Epochs: a finished epoch moves the loader to the next one; ``set_epoch(e)``
 jumps to epoch ``e`` (and is a no-op when ``e`` is the current epoch, so a
 training loop that calls it every epoch keeps a resumed mid-epoch position).
 
-State (``state_dict()``): positions and counters only, see state.py.
+State (``state_dict()``): the feed's state after the last delivered batch,
+under one versioned key, see state.py.
 """
 
 from __future__ import annotations
 
 import time
 import warnings
+from collections import deque
 from typing import Any, Callable, Iterator
 
 import torch
@@ -25,10 +27,10 @@ import torch
 from shardfeed.loader import state as _state
 from shardfeed.loader.collate import materialize
 from shardfeed.loader.dataset import ShardDataset
-from shardfeed.loader.errors import ErrorPolicy
 from shardfeed.loader.schedule import BatchSchedule, Stage
 from shardfeed.loader.stats import LoaderStats
 from shardfeed.loader.workers import WorkerPool
+from shardfeed.shuffling.workers import worker_of
 
 
 class Loader:
@@ -63,7 +65,7 @@ class Loader:
             raise TypeError(f"collate_fn must be callable, got {collate_fn!r}")
         self.dataset = dataset
         self.schedule = BatchSchedule.of(batch_size)
-        self.stage(dataset.epoch)  # validate the batch size(s) against the world size now
+        self.feed = dataset.feed(self.schedule)  # checks the batch size(s) against the world size now
         self.num_workers = num_workers
         self.prefetch = prefetch
         self.collate_fn = collate_fn
@@ -72,10 +74,10 @@ class Loader:
             pin_memory = False
         self.pin_memory = pin_memory
         self.mp_context = multiprocessing_context
-        self.policy = ErrorPolicy(dataset.on_error)
-        self._epoch = dataset.epoch
-        self._step = 0
-        self._history: tuple = ()  # earlier world sizes of this epoch: ((world_size, weights), consumed)
+        self.policy = dataset.policy
+        # The feed runs ahead of the consumer (prefetch); this is the feed's
+        # state after the last batch the consumer actually received.
+        self._pos = self.feed.get_state()
         self._pool: WorkerPool | None = None
         self._maker = None
         self._stats = LoaderStats()
@@ -85,35 +87,26 @@ class Loader:
     # -- epochs and stages ---------------------------------------------
     def stage(self, epoch: int | None = None) -> Stage:
         """The schedule's stage of ``epoch`` (default: the current one), checked against the world size."""
-        s = self.schedule.at(self._epoch if epoch is None else epoch)
-        s.rank_batch(self.dataset.rank, self.dataset.world_size)
-        return s
-
-    def _batch(self, stage: Stage) -> tuple[int, tuple | None]:
-        w = self.dataset.world_size
-        return stage.rank_batch(self.dataset.rank, w), stage.weights(w)
+        epoch = self.epoch if epoch is None else epoch
+        self.feed.job(epoch)
+        return self.feed.stage(epoch)
 
     @property
     def epoch(self) -> int:
-        return self._epoch
+        return self._pos["epoch"]
 
     def set_epoch(self, epoch: int) -> None:
         """Go to the start of ``epoch``; a no-op for the current epoch (keeps a resumed position)."""
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"epoch={epoch!r} must be an int >= 0")
-        if epoch != self._epoch:
-            self._epoch, self._step, self._history = epoch, 0, ()
+        self.feed.reset(self._pos)
+        self.feed.set_epoch(epoch)
+        self._pos = self.feed.get_state()
         self.dataset.set_epoch(epoch)
-
-    def _plan(self, history=None):
-        bs, weights = self._batch(self.stage())
-        plan = self.dataset.plan(self._epoch, weights, self._history if history is None else history, batch_size=bs)
-        return plan, bs
 
     def __len__(self) -> int:
         """Steps per epoch (the current epoch, from its start)."""
-        plan, bs = self._plan(history=())
-        return plan.steps(bs)
+        return self.feed.steps(self.epoch, history=())
 
     # -- iteration -------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
@@ -123,22 +116,19 @@ class Loader:
         return self._iterate(self._gen)
 
     def _iterate(self, gen: int):
-        plan, bs = self._plan()
-        stage = self.stage()
-        self.dataset.image_size = stage.image_size
-        steps = plan.steps(bs)
-        start = min(self._step, steps)
+        feed = self.feed
+        feed.reset(self._pos)
+        self.dataset.image_size = feed.stage().image_size
         st = self._stats
         st.started = time.perf_counter()
         try:
-            source = (self._local_batches(plan, bs, start, steps, stage) if self.num_workers == 0
-                      else self._worker_batches(plan, bs, start, steps, stage))
+            source = self._local_batches(feed) if self.num_workers == 0 else self._worker_batches(feed)
             resumed = time.perf_counter()
-            for s, cols, info in source:
+            for item, cols, info in source:
                 t1 = time.perf_counter()
                 batch = materialize(cols, self.pin_memory)
                 self._account(info, resumed, t1)
-                self._step = s + 1
+                self._pos = item.state
                 yield batch
                 resumed = time.perf_counter()
                 if gen != self._gen:
@@ -152,33 +142,44 @@ class Loader:
                 st.elapsed_s += time.perf_counter() - st.started
                 st.started = None
         # the epoch is complete: move on to the next one
-        self._epoch, self._step, self._history = self._epoch + 1, 0, ()
-        self.dataset.set_epoch(self._epoch)
+        feed.reset(self._pos)
+        feed.next_epoch()
+        self._pos = feed.get_state()
+        self.dataset.set_epoch(feed.epoch)
 
-    def _local_batches(self, plan, bs: int, start: int, steps: int, stage: Stage):
-        """(step, columns, info) made in this process, one step at a time."""
-        n = plan.num_samples
+    def _local_batches(self, feed):
+        """(item, columns, info) made in this process, one step at a time."""
         maker = self._maker or self.dataset.maker(self.collate_fn)
         self._maker = maker
-        for s in range(start, steps):
-            cols, info = maker.make(plan.positions(s * bs, min(n, (s + 1) * bs)), stage.image_size)
-            yield s, cols, info
+        for item in feed:
+            cols, info = maker.make(item.ids(), item.image_size)
+            yield item, cols, info
 
-    def _worker_batches(self, plan, bs: int, start: int, steps: int, stage: Stage):
-        """(step, columns, info) from the workers, in step order: step s is made by
+    def _worker_batches(self, feed):
+        """(item, columns, info) from the workers, in step order: step s is made by
         worker s % W in its slot (s // W) % P, at most P steps ahead per worker."""
-        n = plan.num_samples
         pool = self._start_pool()
         pool.drain()
-        pool.set_plan(plan)
         W, P = self.num_workers, self.prefetch
-        sent = start
-        for s in range(start, steps):
-            while sent < steps and sent < s + P * W:
-                pool.submit(sent % W, sent, sent * bs, min(n, (sent + 1) * bs), (sent // W) % P, stage.image_size)
-                sent += 1
-            cols, info = pool.receive(s % W, s, (s // W) % P)
-            yield s, cols, info
+        pending: deque = deque()
+        sent_plan = None
+        items = iter(feed)
+        while True:
+            while len(pending) < P * W:
+                item = next(items, None)
+                if item is None:
+                    break
+                if item.plan is not sent_plan:  # workers compute a step's ids from the plan themselves
+                    pool.set_plan(item.plan)
+                    sent_plan = item.plan
+                pool.submit(worker_of(item.step, W), item.step, item.start, item.stop, (item.step // W) % P,
+                            item.image_size)
+                pending.append(item)
+            if not pending:
+                return
+            item = pending.popleft()
+            cols, info = pool.receive(worker_of(item.step, W), item.step, (item.step // W) % P)
+            yield item, cols, info
 
     def _account(self, info: dict, resumed: float, t1: float) -> None:
         st = self._stats
@@ -206,34 +207,16 @@ class Loader:
 
     # -- state -----------------------------------------------------------
     def state_dict(self) -> dict:
-        """Where the job stands: epoch, steps taken, world size, batch sizes (small)."""
-        stage = self.stage()
-        w = self.dataset.world_size
-        sizes = [stage.rank_batch(r, w) for r in range(w)]
-        return _state.make(self.dataset, self._epoch, self._step, sizes, self._history)
+        """Where the job stands: ``{"version", "epoch", "step", "feed": the feed's state}`` (small, JSON-able)."""
+        return _state.make(self._pos)
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state``: exactly, or (another world size or per-rank
         batch sizes) with the samples the saved job had not yet consumed."""
-        s = _state.check(state, self.dataset)
-        epoch = s["epoch"]
         self._gen += 1  # any live iterator of the old position stops
-        self._epoch = epoch
-        self.dataset.set_epoch(epoch)
-        stage = self.stage()
-        w = self.dataset.world_size
-        sizes = [stage.rank_batch(r, w) for r in range(w)]
-        history = tuple(((h[0], tuple(h[1]) if h[1] else None), tuple(h[2])) for h in s["history"])
-        if s["world_size"] == w and list(s["batch_sizes"]) == sizes:
-            self._history, self._step = history, s["step"]
-            return
-        old_w, old_sizes = s["world_size"], list(s["batch_sizes"])
-        old_weights = None if len(set(old_sizes)) == 1 and old_sizes == [old_sizes[0]] * old_w else tuple(old_sizes)
-        old = _OldJob(self.dataset, old_w, old_weights)
-        counts = [p.num_samples for p in old.plan(epoch, history, old_sizes[0]).all_ranks()]
-        consumed = tuple(min(s["step"] * b, c) for b, c in zip(old_sizes, counts))
-        self._history = history + (((old_w, old_weights), consumed),)
-        self._step = 0
+        self.feed.reset(_state.feed_state(state))
+        self._pos = self.feed.get_state()
+        self.dataset.set_epoch(self.epoch)
 
     # -- stats and lifecycle ---------------------------------------------
     def stats(self) -> dict:
@@ -265,7 +248,7 @@ class Loader:
 
     def __repr__(self) -> str:
         return (f"Loader({self.dataset!r}, schedule={self.schedule!r}, num_workers={self.num_workers}, "
-                f"epoch={self._epoch}, step={self._step})")
+                f"epoch={self.epoch}, step={self._pos['step']})")
 
 
 class MakerFactory:
@@ -284,32 +267,9 @@ class MakerFactory:
         loading them from numba's cache, and the batches of the worker that
         starts second wait behind that on the consumer's path."""
         maker.reader.warm()
-        plan = self.dataset.plan()
+        plan = self.dataset.unbatched_plan()
         if plan.num_samples:
             plan.positions(0, 1)
-
-
-class _OldJob:
-    """The dataset as the saved job saw it: another world size, rank 0."""
-
-    def __init__(self, dataset: ShardDataset, world_size: int, weights):
-        self.dataset, self.world_size, self.weights = dataset, world_size, weights
-
-    def plan(self, epoch: int, history, batch_size: int):
-        from shardfeed.shuffling import Topology, make_plan, replan
-
-        d = self.dataset
-        rpn = d.topology.ranks_per_node
-
-        def topo(w, wt):
-            return Topology(0, w, tuple(wt) if wt else None, rpn if rpn and rpn <= w else None)
-
-        opts = d.plan_options(batch_size)
-        if not history:
-            return make_plan(d.index.counts, d.order, d.seed, epoch, topo(self.world_size, self.weights), **opts)
-        old = [(topo(w, wt), tuple(c)) for (w, wt), c in history]
-        return replan(d.index.counts, d.order, d.seed, epoch, old[-1][0], old[-1][1],
-                      topo(self.world_size, self.weights), history=old[:-1], **opts)
 
 
 def _current_exc():

@@ -35,6 +35,7 @@ from shardfeed.shuffling.sequences import (
     strided_global_ids,
 )
 from shardfeed.shuffling.topology import Topology
+from shardfeed.shuffling.workers import steps_of
 
 DEFAULT_BLOCK_SHARDS = 16
 DEFAULT_BUFFER_SIZE = 10_000
@@ -240,9 +241,7 @@ class EpochPlan:
         if not 0 <= worker_id < num_workers:
             raise ValueError(f"worker_id={worker_id} out of range for num_workers={num_workers} (valid: 0..{num_workers - 1})")
         batch_size = _check_pos_int("batch_size", batch_size)
-        nb = self.steps(batch_size, drop_last)
-        first = int(start_batch) + (worker_id - int(start_batch)) % num_workers
-        for b in range(first, nb, num_workers):
+        for b in steps_of(worker_id, num_workers, int(start_batch), self.steps(batch_size, drop_last)):
             yield b, self.positions(b * batch_size, min(self.num_samples, (b + 1) * batch_size))
 
     def shard_of(self, ids) -> tuple[np.ndarray, np.ndarray]:
@@ -390,56 +389,6 @@ class EpochPlan:
         if hi * s < length:
             items.append(("range", hi * s, length))
         return items
-
-    def describe(self) -> dict:
-        """The plan's inputs as plain, JSON-able data (for a loader's state dict).
-
-        ``EpochPlan.from_description(counts, d, rank)`` rebuilds the plan,
-        re-plans included; counts are not stored (the index has them).
-        """
-        def topo(t):
-            return {"world_size": t.world_size, "weights": list(t.weights) if t.weights else None,
-                    "ranks_per_node": t.ranks_per_node}
-
-        return {
-            "version": 1, "order": self.order.value, "seed": self.seed, "epoch": self.epoch,
-            "topology": topo(self.topology), "drop_last": self.drop_last,
-            "block_shards": self.block_shards, "buffer_size": self.buffer_size, "start": self.start,
-            "locality": self.locality, "batch_rounds": self._rounds_per_batch,
-            "history": [{"topology": topo(h.topology), "consumed": list(h.consumed), "drop_last": h.drop_last,
-                         "batch_rounds": h.batch_rounds} for h in self.history],
-        }
-
-    @classmethod
-    def from_description(cls, counts, d: dict, rank: int) -> EpochPlan:
-        """The plan ``describe()`` described, seen from ``rank``."""
-        if d.get("version") != 1:
-            raise ValueError(f"plan description version {d.get('version')!r} is not supported (this shardfeed reads version 1)")
-
-        def topo(t, r=0):
-            w = tuple(t["weights"]) if t.get("weights") else None
-            return Topology(r, t["world_size"], w, t.get("ranks_per_node"))
-
-        steps = d.get("history", [])
-        common = dict(block_shards=d["block_shards"], buffer_size=d["buffer_size"], start=d["start"],
-                      locality=d["locality"])
-        final = topo(d["topology"], rank)
-        first = steps[0] if steps else d
-        plan = cls(counts, d["order"], d["seed"], d["epoch"], topo(first["topology"], 0 if steps else rank),
-                   drop_last=first["drop_last"], batch_size=None, _batch_rounds=first["batch_rounds"], **common)
-        for i, h in enumerate(steps):
-            nxt = steps[i + 1] if i + 1 < len(steps) else d
-            plan = plan.replan(h["consumed"], topo(nxt["topology"], rank if nxt is d else 0),
-                               drop_last=nxt["drop_last"])
-            if plan._rounds_per_batch != nxt["batch_rounds"]:
-                plan = plan._with_batch_rounds(nxt["batch_rounds"])
-        return plan
-
-    def _with_batch_rounds(self, k):
-        other = copy.copy(self)
-        other._rounds_per_batch = k
-        other.batch_size = k * self.topology.unit_weights[self.topology.rank]
-        return other
 
 
 class Resize(NamedTuple):

@@ -43,7 +43,9 @@ def test_state_is_small_plain_and_versioned(make_dataset):
         it = iter(loader)
         next(it), next(it)
         state = loader.state_dict()
-    assert state["version"] == 1 and state["step"] == 2 and state["epoch"] == 0
+    # version 2: the feed's state under one key (version 1 was flat; still read, see below)
+    assert state["version"] == 2 and state["step"] == 2 and state["epoch"] == 0
+    assert state["feed"]["kind"] == "epoch" and state["feed"]["step"] == 2
     assert len(json.dumps(state)) < 400  # positions and counters, no sample lists
     assert json.loads(json.dumps(state)) == state
 
@@ -124,3 +126,15 @@ def test_elastic_resume_twice_in_one_epoch(make_dataset):
 def test_elastic_resume_with_per_rank_batch_sizes(make_dataset):
     root = make_dataset(120, shard_samples=30)
     _elastic(root, 2, 3, 3, [8, 4], [4, 4, 8], 120)
+
+
+def test_version_1_state_of_shardfeed_0_1_still_resumes(make_dataset):
+    """Checkpoints written before the feed existed (flat version-1 states) resume exactly."""
+    root = make_dataset(100, shard_samples=30)
+    with Loader(ShardDataset(root, seed=5), 16) as ref:
+        expected = [list(b["__key__"]) for b in ref]
+    fp = {"samples": 100, "shards": 4, "order": "global", "seed": 5, "drop_last": False}
+    old = {"version": 1, "epoch": 0, "step": 3, "world_size": 1, "batch_sizes": [16], "history": [], "dataset": fp}
+    with Loader(ShardDataset(root, seed=5), 16) as b:
+        b.load_state_dict(old)
+        assert [list(x["__key__"]) for x in b] == expected[3:]

@@ -87,19 +87,26 @@ def test_replan_rejects_bad_counts():
 
 
 @pytest.mark.parametrize("order", ORDERS)
-def test_description_round_trip(order):
-    """A loader stores describe() as JSON and rebuilds the same plan after a restart."""
+def test_builder_round_trip(order):
+    """A loader stores the job and its resizes as JSON and the one plan builder
+    (shuffling.spec) rebuilds the same plan after a restart."""
     import json
 
-    from shardfeed.shuffling import EpochPlan
+    from shardfeed.shuffling.spec import Job, PlanSpec
 
     counts = np.array([5, 0, 3, 9, 1] * 9)
-    kw = dict(locality=True, batch_size=2) if order == "global" else {}
-    p0 = make_plan(counts, order, 3, 1, Topology(0, 4, None, 2), **kw, **OPTS)
-    p2 = p0.replan([6] * 4, Topology(0, 3), drop_last=True).replan([2] * 3, Topology(2, 5, (1, 2, 1, 1, 3)))
-    for plan in (p0, p2):
-        d = json.loads(json.dumps(plan.describe()))
+    loc = order == "global"
+    kw = dict(locality=True, batch_size=2) if loc else {}
+    opts = {k: v for k, v in OPTS.items() if k != "drop_last"}
+    p0 = make_plan(counts, order, 3, 1, Topology(0, 4, None, 2), **kw, **opts)
+    p1 = p0.replan([6] * 4, Topology(0, 3), batch_size=2 if loc else None)
+    p2 = p1.replan([2] * 3, Topology(2, 5, (1, 2, 1, 1, 3)), batch_size=2 if loc else None)
+    spec = PlanSpec(counts, order, 3, locality=loc, **opts)
+    jobs = [Job(4, (2,) * 4, 2), Job(3, (2,) * 3), Job(5, (2, 4, 2, 2, 6))]
+    saved = json.loads(json.dumps([[j.world_size, list(j.batch_sizes), j.ranks_per_node] for j in jobs]))
+    jobs = [Job(w, tuple(b), rpn) for w, b, rpn in saved]
+    for plan, job, history in ((p0, jobs[0], ()), (p2, jobs[2], ((jobs[0], [6] * 4), (jobs[1], [2] * 3)))):
         for rank in range(plan.topology.world_size):
-            again = EpochPlan.from_description(counts, d, rank)
+            again = spec.plan(1, job, rank, history)
             ref = plan.for_rank(rank)
             assert np.array_equal(again.positions(0, again.num_samples), ref.positions(0, ref.num_samples))

@@ -1,0 +1,247 @@
+"""Feeds: what the Loader reads next, one work item at a time.
+
+A feed is a small stateful object with one contract (torchdata.nodes'
+``reset / next / get_state``), so the Loader only delivers and a node-local
+cache, streaming and mixing attach to the same seam:
+
+    feed.reset(state)      # go to a position (None: the start of the current epoch)
+    feed.next()            # -> WorkItem, or StopIteration at the end of the epoch
+    feed.get_state()       # plain JSON data; reset(get_state()) continues exactly
+    feed.lookahead(k)      # -> up to k Upcoming(shard, epoch, step), in order of next use
+
+A work item is one step of this rank: the plan, the positions
+``[start, stop)`` of the plan it covers and the stage (batch and image size).
+It carries the feed's state *after* it, so a consumer that received items
+ahead of use (prefetch) saves the position of what it actually delivered.
+
+``EpochFeed`` walks the epochs of a fixed dataset; a follow feed (a growing
+dataset) and a mixture feed are its siblings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from shardfeed.loader.schedule import BatchSchedule, Stage
+from shardfeed.shuffling import EpochPlan
+from shardfeed.shuffling.spec import Job, PlanSpec
+
+STATE_VERSION = 1
+_LOOKAHEAD_POSITIONS = 1 << 22  # positions one lookahead call may scan (bounds its cost)
+_LOOKAHEAD_CHUNK = 1 << 16
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """One step: read positions [start, stop) of ``plan`` at ``stage``."""
+
+    epoch: int
+    step: int
+    plan: EpochPlan
+    start: int
+    stop: int
+    stage: Stage
+    state: dict  # the feed's state once this item is consumed
+
+    @property
+    def image_size(self) -> int | None:
+        return self.stage.image_size
+
+    def ids(self) -> np.ndarray:
+        return self.plan.positions(self.start, self.stop)
+
+
+class Upcoming(NamedTuple):
+    """A shard and the first step (of ``epoch``) that reads it."""
+
+    shard: int
+    epoch: int
+    step: int
+
+
+class EpochFeed:
+    """This rank's steps over the epochs of a fixed dataset.
+
+    spec: what is shuffled (shuffling.PlanSpec); schedule: batch and image
+    size by epoch; rank / world_size / ranks_per_node: this process's place;
+    fingerprint: plain data naming the dataset and shuffle, checked on reset
+    so a state is never applied to other data.
+
+    Position: (epoch, step, history). ``history`` lists the earlier jobs of
+    this epoch when the world size or batch sizes changed midway (elastic
+    resume), oldest first, as (Job, consumed per rank).
+    """
+
+    kind = "epoch"
+
+    def __init__(self, spec: PlanSpec, schedule: BatchSchedule, rank: int, world_size: int,
+                 ranks_per_node: int | None = None, fingerprint: dict | None = None, epoch: int = 0):
+        self.spec = spec
+        self.schedule = schedule
+        self.rank, self.world_size, self.ranks_per_node = rank, world_size, ranks_per_node
+        self.fingerprint = dict(fingerprint or {})
+        self.epoch, self.step, self.history = int(epoch), 0, ()
+        self._cache: tuple | None = None
+        self.job(self.epoch)  # check the batch sizes against the world size now
+
+    # -- the job and plan of an epoch -------------------------------------
+    def stage(self, epoch: int | None = None) -> Stage:
+        return self.schedule.at(self.epoch if epoch is None else epoch)
+
+    def job(self, epoch: int | None = None) -> Job:
+        """The job this process is part of in ``epoch``: one batch size per rank."""
+        stage = self.stage(epoch)
+        w = self.world_size
+        return Job(w, tuple(stage.rank_batch(r, w) for r in range(w)), self.ranks_per_node)
+
+    def plan(self, epoch: int | None = None, history=None) -> EpochPlan:
+        epoch = self.epoch if epoch is None else epoch
+        history = self.history if history is None else history
+        job = self.job(epoch)
+        key = (epoch, job, history)
+        if self._cache is None or self._cache[0] != key:
+            self._cache = (key, self.spec.plan(epoch, job, self.rank, history))
+        return self._cache[1]
+
+    def batch_size(self, epoch: int | None = None) -> int:
+        return self.job(epoch).batch_size(self.rank)
+
+    def steps(self, epoch: int | None = None, history=None) -> int:
+        """Steps of ``epoch`` (default: the current one, after its resizes)."""
+        return self.plan(epoch, history).steps(self.batch_size(epoch))
+
+    def __len__(self) -> int:
+        """Steps of the current epoch from its start."""
+        return self.steps(history=())
+
+    # -- the contract -------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Go to the start of ``epoch``; a no-op for the current one (keeps a resumed position)."""
+        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
+            raise ValueError(f"epoch={epoch!r} must be an int >= 0")
+        if int(epoch) != self.epoch:
+            self.epoch, self.step, self.history = int(epoch), 0, ()
+
+    def next_epoch(self) -> None:
+        """Move past a finished epoch."""
+        self.epoch, self.step, self.history = self.epoch + 1, 0, ()
+
+    def next(self) -> WorkItem:
+        plan = self.plan()
+        bs = self.batch_size()
+        if self.step >= plan.steps(bs):
+            raise StopIteration
+        s = self.step
+        self.step += 1
+        return WorkItem(self.epoch, s, plan, s * bs, min(plan.num_samples, (s + 1) * bs), self.stage(),
+                        self.get_state())
+
+    def __iter__(self):
+        while True:
+            try:
+                yield self.next()
+            except StopIteration:
+                return
+
+    def get_state(self) -> dict:
+        job = self.job()
+        return {
+            "version": STATE_VERSION, "kind": self.kind, "epoch": self.epoch, "step": self.step,
+            "world_size": job.world_size, "batch_sizes": list(job.batch_sizes),
+            "history": [[j.world_size, list(j.batch_sizes), [int(c) for c in consumed]] for j, consumed in self.history],
+            "dataset": dict(self.fingerprint),
+        }
+
+    def reset(self, state: dict | None = None) -> None:
+        """Go to ``state`` (from get_state of this or of another world size), or
+        to the start of the current epoch. Another world size or other per-rank
+        batch sizes continue with exactly the samples the saved job had not
+        consumed (an elastic re-plan)."""
+        if state is None:
+            self.step, self.history = 0, ()
+            return
+        s = check_state(state, self.fingerprint)
+        epoch = s["epoch"]
+        history = tuple((Job(w, tuple(b), self.ranks_per_node), tuple(c)) for w, b, c in s["history"])
+        job = self.job(epoch)
+        if s["world_size"] == job.world_size and list(s["batch_sizes"]) == list(job.batch_sizes):
+            self.epoch, self.step, self.history = epoch, s["step"], history
+            return
+        old = Job(s["world_size"], tuple(s["batch_sizes"]), self.ranks_per_node)
+        consumed = self.spec.consumed(epoch, old, s["step"], history)
+        self.epoch, self.step, self.history = epoch, 0, history + ((old, consumed),)
+
+    def lookahead(self, k: int, epochs: int = 2) -> list[Upcoming]:
+        """Up to ``k`` shards in order of next use from the current position,
+        each with the first step that reads it, over this and the following
+        ``epochs - 1`` epochs; scans a bounded number of positions per call."""
+        out: list[Upcoming] = []
+        seen: set[int] = set()
+        budget = _LOOKAHEAD_POSITIONS
+        epoch, step, history = self.epoch, self.step, self.history
+        for _ in range(max(1, epochs)):
+            plan, bs = self.plan(epoch, history), self.batch_size(epoch)
+            pos, end = step * bs, plan.num_samples
+            offsets = plan.offsets
+            while pos < end and len(out) < k and budget > 0:
+                stop = min(end, pos + min(_LOOKAHEAD_CHUNK, budget))
+                shards = np.searchsorted(offsets, plan.positions(pos, stop), side="right") - 1
+                uniq, first = np.unique(shards, return_index=True)
+                for j in np.argsort(first, kind="stable"):
+                    s = int(uniq[j])
+                    if s not in seen:
+                        seen.add(s)
+                        out.append(Upcoming(s, epoch, (pos + int(first[j])) // bs))
+                        if len(out) == k:
+                            break
+                budget -= stop - pos
+                pos = stop
+            if len(out) >= k or budget <= 0:
+                break
+            epoch, step, history = epoch + 1, 0, ()
+        return out
+
+    def __repr__(self) -> str:
+        return (f"EpochFeed(rank={self.rank}/{self.world_size}, epoch={self.epoch}, step={self.step}, "
+                f"resizes={len(self.history)})")
+
+
+def _int(state, key, lo=0):
+    v = state.get(key)
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise ValueError(f"state[{key!r}]={v!r} must be an int >= {lo} (not a shardfeed feed state?)")
+    return v
+
+
+def check_state(state: dict, fingerprint: dict) -> dict:
+    """Validate an epoch feed's state against this dataset; ValueError naming the mismatch and the fix."""
+    if not isinstance(state, dict):
+        raise TypeError(f"state must be a dict from get_state()/Loader.state_dict(), got {type(state).__name__}")
+    if state.get("version") != STATE_VERSION or state.get("kind", "epoch") != "epoch":
+        raise ValueError(f"feed state version {state.get('version')!r} / kind {state.get('kind')!r} is not "
+                         f"{STATE_VERSION} / 'epoch'; it was written by another shardfeed release or another feed")
+    for key in ("epoch", "step"):
+        _int(state, key)
+    _int(state, "world_size", 1)
+    sizes = state.get("batch_sizes")
+    if (not isinstance(sizes, list) or len(sizes) != state["world_size"]
+            or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in sizes)):
+        raise ValueError(f"state['batch_sizes']={sizes!r} must list one batch size >= 1 per rank "
+                         f"(world_size={state['world_size']})")
+    hist = state.get("history")
+    if not isinstance(hist, list) or not all(
+            isinstance(h, list) and len(h) == 3 and isinstance(h[0], int) and h[0] >= 1 and isinstance(h[1], list)
+            and len(h[1]) == h[0] and isinstance(h[2], list) and len(h[2]) == h[0] for h in hist):
+        raise ValueError(f"state['history']={hist!r} must be a list of [world_size, batch_sizes, consumed], "
+                         "one batch size and one consumed count per rank of each earlier job")
+    theirs = state.get("dataset")
+    if theirs != fingerprint:
+        diff = {k: (theirs.get(k) if isinstance(theirs, dict) else None, fingerprint[k]) for k in fingerprint
+                if not isinstance(theirs, dict) or theirs.get(k) != fingerprint[k]}
+        raise ValueError(f"state was saved for another dataset or shuffle ("
+                         f"{', '.join(f'{k}: saved {a!r}, now {b!r}' for k, (a, b) in diff.items())}); "
+                         "open the same dataset with the same shuffle, seed and drop_last to resume")
+    return state
