@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import tarfile
 
-import numba
 import numpy as np
 
 from shardfeed.formats.errors import ShardError
+from shardfeed.formats.jit import njit
 
 BLOCK = 512
 
@@ -47,7 +47,7 @@ def padding(size: int) -> bytes:
 END_OF_ARCHIVE = b"\0" * (2 * BLOCK)
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(nogil=True)
 def _parse_octal(buf, start, length):
     # GNU base-256 for sizes >= 8 GiB: high bit of the first byte set.
     if buf[start] & 0x80:
@@ -76,7 +76,7 @@ def _parse_octal(buf, start, length):
     return v
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(nogil=True)
 def _scan(buf, out_hdr, out_size, out_type):
     """Fill header offsets, sizes and type flags; returns (count, status, offset)."""
     n = buf.shape[0]

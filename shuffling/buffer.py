@@ -16,9 +16,9 @@ time (about 100 M outputs/s in numba).
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
+from shardfeed.formats.jit import njit
 from shardfeed.shuffling.keys import GOLDEN
 from shardfeed.shuffling.permutation import _mix
 
@@ -26,7 +26,7 @@ _U64 = np.uint64
 CHECKPOINT = 1 << 20
 
 
-@numba.njit(cache=True)
+@njit
 def _run(buf, fill, in_pos, out_pos, m, key, count, out):
     # Emits `count` lane positions into out (count may be 0 to just advance);
     # returns the new (fill, in_pos). The caller guarantees out_pos+count <= m.

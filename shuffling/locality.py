@@ -22,8 +22,9 @@ a few percent of samples at per-rank batches of 32-128, against
 
 from __future__ import annotations
 
-import numba
 import numpy as np
+
+from shardfeed.formats.jit import njit
 
 
 def owner_node(shard: np.ndarray, num_nodes: int) -> np.ndarray:
@@ -31,7 +32,7 @@ def owner_node(shard: np.ndarray, num_nodes: int) -> np.ndarray:
     return np.asarray(shard, dtype=np.int64) % num_nodes
 
 
-@numba.njit(cache=True)
+@njit
 def assign(owner, sizes, rounds, weights, rank_node, num_nodes):
     """Rank of every sample of consecutive batches.
 

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import math
 
-import numba
 import numpy as np
 
+from shardfeed.formats.jit import njit
 from shardfeed.shuffling.keys import GOLDEN, MASK64, mix64
 
 ROUNDS = 4  # Luby-Rackoff: 4 rounds of a good round function make a strong PRP; 6 cost 1.5x
@@ -32,26 +32,26 @@ _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 
 
-@numba.njit(cache=True, inline="always")
+@njit(inline="always")
 def _mix(z):
     z = (z ^ (z >> _U64(30))) * _M1
     z = (z ^ (z >> _U64(27))) * _M2
     return z ^ (z >> _U64(31))
 
 
-@numba.njit(cache=True, inline="always")
+@njit(inline="always")
 def _f(r, rkey, m):
     # Round function into range(m): top 32 bits of the mix, scaled (m < 2**31).
     return np.int64(((_mix(_U64(r) ^ rkey) >> _U64(32)) * _U64(m)) >> _U64(32))
 
 
-@numba.njit(cache=True, inline="always")
+@njit(inline="always")
 def _encrypt(x, a, b, rkeys):
     left = x // b
     return _encrypt_lr(left, x - left * b, a, b, rkeys)
 
 
-@numba.njit(cache=True, inline="always")
+@njit(inline="always")
 def _encrypt_lr(left, right, a, b, rkeys):
     # x = left * b + right already split: callers walking consecutive x keep
     # (left, right) as a counter and skip the 64-bit division (~40 cycles).
@@ -67,7 +67,7 @@ def _encrypt_lr(left, right, a, b, rkeys):
     return left * mb + right
 
 
-@numba.njit(cache=True, inline="always")
+@njit(inline="always")
 def _decrypt(x, a, b, rkeys):
     nr = rkeys.shape[0]
     ma = a
@@ -89,7 +89,7 @@ def _decrypt(x, a, b, rkeys):
     return left * mb + right
 
 
-@numba.njit(cache=True, inline="always")
+@njit(inline="always")
 def permute_one(i, n, a, b, rkeys):
     """perm[i] for one int64 i in range(n); callable from other jitted code."""
     x = _encrypt(i, a, b, rkeys)
@@ -98,7 +98,7 @@ def permute_one(i, n, a, b, rkeys):
     return x
 
 
-@numba.njit(cache=True)
+@njit
 def _walk_out(out, n, a, b, rkeys):
     # Second pass: the rare values that fell in [n, a*b) walk on. Keeping the
     # branchy loop out of the first pass lets the CPU overlap independent
@@ -110,14 +110,14 @@ def _walk_out(out, n, a, b, rkeys):
         out[j] = x
 
 
-@numba.njit(cache=True)
+@njit
 def _take(idx, n, a, b, rkeys, out):
     for j in range(idx.shape[0]):
         out[j] = _encrypt(idx[j], a, b, rkeys)
     _walk_out(out, n, a, b, rkeys)
 
 
-@numba.njit(cache=True)
+@njit
 def _range(start, stop, n, a, b, rkeys, out):
     left = start // b
     right = start - left * b
@@ -130,7 +130,7 @@ def _range(start, stop, n, a, b, rkeys, out):
     _walk_out(out, n, a, b, rkeys)
 
 
-@numba.njit(cache=True)
+@njit
 def _inverse(vals, n, a, b, rkeys, out):
     for j in range(vals.shape[0]):
         x = _decrypt(vals[j], a, b, rkeys)

@@ -9,9 +9,9 @@ offset of that shard.
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
+from shardfeed.formats.jit import njit
 from shardfeed.shuffling.keys import STREAM_GLOBAL, STREAM_SHARDS, STREAM_WINDOWS, derive_key, epoch_key
 from shardfeed.shuffling.permutation import (
     Permutation,
@@ -23,7 +23,7 @@ from shardfeed.shuffling.permutation import (
 )
 
 
-@numba.njit(cache=True, inline="always")
+@njit(inline="always")
 def _bisect_right_in(a, x, lo, hi):
     # Largest k in [lo, hi) with a[k] <= x, for sorted a with a[lo] <= x (empty
     # shards repeat an offset; taking the last equal one skips them). A window's
@@ -37,19 +37,19 @@ def _bisect_right_in(a, x, lo, hi):
     return lo
 
 
-@numba.njit(cache=True, inline="always")
+@njit(inline="always")
 def _bisect_right(a, x):
     return _bisect_right_in(a, x, 0, a.shape[0])
 
 
-@numba.njit(cache=True)
+@njit
 def _concat_ids(g, soff, order, offsets, out):
     for j in range(g.shape[0]):
         t = _bisect_right(soff, g[j])
         out[j] = offsets[order[t]] + g[j] - soff[t]
 
 
-@numba.njit(cache=True)
+@njit
 def _block_ids(g, wstart, wa, wb, wkeys, soff, order, offsets, block, out):
     w = 0
     for j in range(g.shape[0]):
@@ -159,7 +159,7 @@ class Windows(Sequence):
         return out
 
 
-@numba.njit(cache=True)
+@njit
 def _strided_perm(start, stop, w, s, cw, length, n, a, b, rkeys, out):
     # Fused deal + permutation for `global` plans that cover the whole epoch:
     # rank position p -> dealt position -> padding folded -> perm.

@@ -1,0 +1,47 @@
+"""Jitted code cannot go stale: the numba cache folder is keyed by every
+kernel package's source.
+
+Regression for the mutation test that found ``sequences.py`` still running an
+old inlined ``permute_one`` from numba's cache after permutation.py changed
+(numba checks only the compiled function's own file)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import numba
+
+from shardfeed.formats import jit
+
+
+def test_key_changes_when_any_kernel_module_changes(tmp_path):
+    dirs = []
+    for name in ("formats", "shuffling"):
+        src = os.path.dirname(__import__(f"shardfeed.{name}", fromlist=["x"]).__file__)
+        dst = tmp_path / name
+        shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__"))
+        dirs.append(str(dst))
+    before = jit.source_key(dirs)
+    assert jit.source_key(dirs) == before  # stable
+    path = os.path.join(dirs[1], "permutation.py")
+    with open(path, "a") as f:
+        f.write("\n# a change in a module that others inline\n")
+    assert jit.source_key(dirs) != before
+
+
+def test_the_cache_folder_is_the_keyed_one():
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        assert numba.config.CACHE_DIR == os.environ["NUMBA_CACHE_DIR"]
+    else:
+        assert numba.config.CACHE_DIR == jit.cache_dir()
+        assert os.path.basename(jit.cache_dir()) == jit.source_key(jit._package_dirs())
+
+
+def test_a_user_choice_of_cache_folder_wins(tmp_path):
+    code = "import numba, shardfeed.shuffling; print(numba.config.CACHE_DIR)"
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str(tmp_path)
