@@ -1,0 +1,108 @@
+"""Which cached shard to evict: the one whose next use is farthest away.
+
+Each ShardCache publishes the steps at which it will next need each entry
+(its lookahead) as ``lookahead/<owner>.json`` in the cache folder, so the
+process that evicts sees the plans of every process on the node, not only
+its own: with locality dealing each rank needs different shards. All ranks
+take the same steps, so step numbers compare across them. An owner holds a
+shared flock on ``<owner>.alive`` while it lives; files of dead owners are
+removed by the next reader.
+
+Victim order (Belady's rule, with what is known): entries no live plan
+mentions go first, least recently used first; then planned ones, farthest
+next use first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+
+from shardfeed.cache.locks import FileLock
+
+
+class SharedLookahead:
+    def __init__(self, folder: str, share: bool = True):
+        self.folder = folder
+        self.share = share
+        self.mine: dict[str, int] = {}
+        self.owner = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._alive: FileLock | None = None
+        self._alive_pid = -1
+        self._seen: dict[str, tuple[int, int, dict]] = {}  # path -> (mtime_ns, size, plan)
+
+    def publish(self, plan: dict[str, int]) -> None:
+        self.mine = dict(plan)
+        if not self.share:
+            return
+        os.makedirs(self.folder, exist_ok=True)
+        if self._alive is None or self._alive_pid != os.getpid():
+            # a forked child owns a plan of its own, under its own name
+            self.owner = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            self._alive = FileLock(os.path.join(self.folder, f"{self.owner}.alive"))
+            self._alive.acquire(shared=True)
+            self._alive_pid = os.getpid()
+        path = os.path.join(self.folder, f"{self.owner}.json")
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.mine, f)
+        os.replace(tmp, path)  # readers see the old plan or the new one, never half of one
+
+    def merged(self) -> dict[str, int]:
+        """Earliest planned step per key over all live owners on the node."""
+        out = dict(self.mine)
+        if not self.share or not os.path.isdir(self.folder):
+            return out
+        for name in os.listdir(self.folder):
+            if not name.endswith(".json") or name == f"{self.owner}.json":
+                continue
+            path = os.path.join(self.folder, name)
+            if not self._owner_alive(name[:-5]):
+                for p in (path, path[:-5] + ".alive"):
+                    try:
+                        os.unlink(p)
+                    except FileNotFoundError:
+                        pass
+                continue
+            for key, step in self._read(path).items():
+                if step < out.get(key, step + 1):
+                    out[key] = step
+        return out
+
+    def _owner_alive(self, owner: str) -> bool:
+        probe = FileLock(os.path.join(self.folder, f"{owner}.alive"))
+        if probe.acquire(blocking=False):
+            probe.release()
+            return False
+        return True
+
+    def _read(self, path: str) -> dict[str, int]:
+        try:
+            st = os.stat(path)
+            cached = self._seen.get(path)
+            if cached and cached[:2] == (st.st_mtime_ns, st.st_size):
+                return cached[2]
+            with open(path) as f:
+                plan = {str(k): int(v) for k, v in json.load(f).items()}
+        except (OSError, ValueError, TypeError, AttributeError):
+            return {}  # a plan is advice: an unreadable one only costs a worse eviction choice
+        self._seen[path] = (st.st_mtime_ns, st.st_size, plan)
+        return plan
+
+    def close(self) -> None:
+        if self._alive is not None and self.share and self._alive_pid == os.getpid():
+            for p in (os.path.join(self.folder, f"{self.owner}.json"), self._alive.path):
+                try:
+                    os.unlink(p)
+                except FileNotFoundError:
+                    pass
+            self._alive.release()
+        self._alive = None
+
+
+def victim_order(entries: dict[str, tuple[int, float]], plan: dict[str, int]) -> list[str]:
+    """Keys of ``entries`` (key -> (bytes, last_used)) in the order to evict them."""
+    unplanned = sorted((k for k in entries if k not in plan), key=lambda k: entries[k][1])
+    planned = sorted((k for k in entries if k in plan), key=lambda k: (-plan[k], entries[k][1]))
+    return unplanned + planned

@@ -1,0 +1,376 @@
+"""ShardCache: a node-local, size-bounded cache of shards shared by every
+process and rank on the node.
+
+Life of an entry (one key: ``h-<content hash>`` when the hash is known, so a
+stale cache never serves old bytes and two jobs over the same data share it;
+``u-<hash of the URL>`` otherwise)::
+
+    REMOTE --get/hold--> FETCHING --verified, renamed--> LOCAL --evicted--> EVICTED (= REMOTE)
+                            |  \\__ hash/size mismatch or fetch error: temp removed, ShardError
+                            v
+                   (others wait on the fetch lock)     LOCAL <--hold--> PINNED (never evicted)
+
+- REMOTE: nothing on disk. FETCHING: one process holds ``locks/<key>.fetch``
+  and writes ``data/<key>.tmp-*``, preallocated to its full size so the budget
+  sees it; every other process asking for the key waits on that lock.
+- LOCAL: ``data/<key>`` (and its sidecar ``data/<key>.idx``), complete and
+  verified: it appears only by an atomic rename, so no reader sees a partial
+  file. PINNED: some reader holds a shared flock on ``locks/<key>.pin``; the
+  evictor only removes an entry whose pin it can lock exclusively.
+- EVICTED: removed to make room, by farthest planned next use
+  (see lookahead.py); a later get fetches it again.
+
+The byte budget counts complete entries and in-flight temporaries; making
+room and creating a temporary happen under one node-wide lock
+(``.cache.lock``), so concurrent fetches never overshoot it together.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+
+import xxhash
+
+from shardfeed.formats import ShardError
+from shardfeed.formats.readers import hash_file
+
+from shardfeed.cache.fetch import FetchOptions, fetch_to_fd, with_retries
+from shardfeed.cache.locks import FileLock, acquire_timed
+from shardfeed.cache.lookahead import SharedLookahead, victim_order
+from shardfeed.cache.sources import open_source
+
+SIDECAR = ".idx"
+NO_SIDECAR = ".noidx"  # marker: the source has no sidecar for this shard (a foreign tar)
+
+
+class CacheLimitError(ShardError):
+    """The byte budget cannot hold what is needed at once; ``needed_bytes`` says how much would."""
+
+    def __init__(self, where: str, reason: str, needed_bytes: int):
+        self.needed_bytes = int(needed_bytes)
+        super().__init__(where, reason)
+
+    def __reduce__(self):
+        return (type(self), (self.shard, self.reason, self.needed_bytes))
+
+
+@dataclass(frozen=True)
+class ShardRef:
+    """What to fetch: the URL, and from the index its content hash and byte size."""
+
+    url: str
+    hash: str | None = None
+    size: int | None = None
+
+
+class ShardCache:
+    """``ShardCache(cache_dir, limit_bytes)``: ``.get(url) -> local path``.
+
+    ``storage_options`` go to the fsspec filesystem of remote URLs;
+    ``wait_timeout_s`` bounds how long a fetch waits for pinned entries to be
+    released when the budget is full before it raises CacheLimitError.
+    """
+
+    def __init__(self, cache_dir: str, limit_bytes: int, storage_options: dict | None = None,
+                 fetch: FetchOptions | None = None, wait_timeout_s: float = 300.0, share_lookahead: bool = True):
+        if not isinstance(limit_bytes, int) or limit_bytes <= 0:
+            raise ValueError(f"limit_bytes must be a positive int, got {limit_bytes!r}")
+        self.cache_dir = os.path.abspath(str(cache_dir))
+        self.limit_bytes = limit_bytes
+        self.storage_options = dict(storage_options or {})
+        self.fetch_options = fetch or FetchOptions()
+        self.wait_timeout_s = wait_timeout_s
+        self.data_dir = os.path.join(self.cache_dir, "data")
+        self.lock_dir = os.path.join(self.cache_dir, "locks")
+        for d in (self.data_dir, self.lock_dir):
+            os.makedirs(d, exist_ok=True)
+        self.lookahead = SharedLookahead(os.path.join(self.cache_dir, "lookahead"), share_lookahead)
+        self._counters = dict(hits=0, misses=0, bytes_fetched=0, evictions=0, wait_s=0.0, fetch_s=0.0, errors=0)
+        self._mu = threading.Lock()
+
+    # -- public ---------------------------------------------------------------
+
+    @staticmethod
+    def key_for(url: str, expected_hash: str | None = None) -> str:
+        if expected_hash:
+            return "h-" + "".join(c for c in expected_hash.lower() if c in "0123456789abcdef")[:64]
+        return "u-" + xxhash.xxh3_128_hexdigest(str(url).encode())
+
+    def path_for(self, url: str, expected_hash: str | None = None) -> str:
+        """Where the entry lives once LOCAL (it may not be there yet)."""
+        return os.path.join(self.data_dir, self.key_for(url, expected_hash))
+
+    def contains(self, url: str, expected_hash: str | None = None) -> bool:
+        return os.path.exists(self.path_for(url, expected_hash))
+
+    def get(self, url: str, expected_hash: str | None = None, size: int | None = None, *,
+            sidecar: bool = False, cancel: threading.Event | None = None) -> str:
+        """Local path of ``url``, fetched (and verified) if needed. Unpinned: it
+        may be evicted after this returns; readers should use ``hold``."""
+        with self.hold(url, expected_hash, size, sidecar=sidecar, cancel=cancel) as path:
+            return path
+
+    @contextlib.contextmanager
+    def hold(self, url: str, expected_hash: str | None = None, size: int | None = None, *,
+             sidecar: bool = False, cancel: threading.Event | None = None):
+        """Pin the entry (fetching it first if needed) for the ``with`` block.
+
+        ``sidecar=True`` also brings ``<url>.idx`` to ``<path>.idx`` (checked by
+        its own digest), so ``open_shard(index, i, path)`` finds it.
+        """
+        key = self.key_for(url, expected_hash)
+        pin = FileLock(os.path.join(self.lock_dir, key + ".pin"))
+        self._add(wait_s=acquire_timed(pin, shared=True))  # the evictor holds it only for an unlink
+        try:
+            yield self._ensure(key, str(url), expected_hash, size, sidecar, cancel)
+        finally:
+            pin.release()
+
+    def set_lookahead(self, items) -> None:
+        """Plan of next uses: ``(url, step)``, ``(url, step, hash)`` or ``(ShardRef, step)``;
+        the first step of each entry counts. Entries in no plan are evicted first."""
+        plan: dict[str, int] = {}
+        for item in items:
+            what, step = item[0], int(item[1])
+            key = self.key_for(what.url, what.hash) if isinstance(what, ShardRef) else \
+                self.key_for(what, item[2] if len(item) > 2 else None)
+            if step < plan.get(key, step + 1):
+                plan[key] = step
+        self.lookahead.publish(plan)
+
+    def reserve(self, working_set_bytes: int) -> None:
+        """Fail now, not mid-epoch, if the budget is below the working set
+        (shards read at once plus the prefetch window)."""
+        if working_set_bytes > self.limit_bytes:
+            raise CacheLimitError(self.cache_dir, f"cache limit {self.limit_bytes} bytes is below the working set: "
+                                  f"{working_set_bytes} bytes are needed (shards in use plus the prefetch "
+                                  f"window); raise limit_bytes to at least {working_set_bytes} or shrink the "
+                                  "prefetch window", working_set_bytes)
+
+    def used_bytes(self) -> int:
+        """Bytes of complete entries and in-flight temporaries."""
+        entries, tmp_bytes, _ = self._scan()
+        return tmp_bytes + sum(b for b, _ in entries.values())
+
+    def stats(self) -> dict:
+        with self._mu:
+            return dict(self._counters)
+
+    def close(self) -> None:
+        self.lookahead.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- fetching -------------------------------------------------------------
+
+    def _add(self, **delta) -> None:
+        with self._mu:
+            for k, v in delta.items():
+                self._counters[k] += v
+
+    def _ensure(self, key, url, expected_hash, size, sidecar, cancel) -> str:
+        path = os.path.join(self.data_dir, key)
+        if os.path.exists(path) and (not sidecar or self._has_sidecar_answer(path)):
+            self._add(hits=1)
+            _touch(path)
+            return path
+        lock = FileLock(os.path.join(self.lock_dir, key + ".fetch"))
+        self._add(wait_s=acquire_timed(lock))
+        try:
+            if os.path.exists(path):
+                self._add(hits=1)  # another process fetched it while we waited
+                _touch(path)
+            else:
+                self._add(misses=1)
+                try:
+                    self._download(key, url, path, expected_hash, size, cancel)
+                except BaseException:
+                    self._add(errors=1)
+                    raise
+            if sidecar and not self._has_sidecar_answer(path):
+                self._fetch_sidecar(key, url, path, cancel)
+        finally:
+            lock.release()
+        return path
+
+    def _download(self, key, url, path, expected_hash, size, cancel) -> None:
+        opts = self.fetch_options
+        src = open_source(url, self.storage_options, opts.stall_s)
+        if size is None:
+            size = with_retries(url, "asking its size", src.size, opts)
+        tmp = self._make_room_and_create(key, "", int(size), url)
+        t0 = time.monotonic()
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                fetch_to_fd(src, fd, int(size), opts, cancel, on_bytes=lambda n: self._add(bytes_fetched=n))
+            finally:
+                os.close(fd)
+            if expected_hash:
+                actual = hash_file(tmp)
+                if actual != expected_hash.lower():
+                    raise ShardError(url, f"content hash {actual} does not match the expected {expected_hash} "
+                                          "(changed or damaged at the source); nothing was cached")
+            os.rename(tmp, path)
+        except BaseException:
+            _unlink(tmp)
+            raise
+        finally:
+            self._add(fetch_s=time.monotonic() - t0)
+
+    def _has_sidecar_answer(self, path: str) -> bool:
+        return os.path.exists(path + SIDECAR) or os.path.exists(path + NO_SIDECAR)
+
+    def _fetch_sidecar(self, key, url, path, cancel) -> None:
+        from shardfeed.formats.sidecar import read_sidecar
+
+        opts = self.fetch_options
+        src = open_source(url + SIDECAR, self.storage_options, opts.stall_s)
+        try:
+            size = with_retries(src.url, "asking its size", src.size, opts)
+        except ShardError as e:
+            if isinstance(e.__cause__, FileNotFoundError) or "not found" in e.reason:
+                open(path + NO_SIDECAR, "wb").close()  # a foreign tar: the reader scans it
+                return
+            raise
+        tmp = self._make_room_and_create(key, SIDECAR, size, src.url)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                fetch_to_fd(src, fd, size, opts, cancel, on_bytes=lambda n: self._add(bytes_fetched=n))
+            finally:
+                os.close(fd)
+            _, meta = read_sidecar(tmp, url)  # checks the sidecar's own digest
+            if meta["shard_bytes"] != os.path.getsize(path):
+                raise ShardError(url, f"sidecar {src.url} describes {meta['shard_bytes']} bytes but the shard "
+                                      f"has {os.path.getsize(path)} (stale sidecar); nothing was cached")
+            os.rename(tmp, path + SIDECAR)
+        except BaseException:
+            _unlink(tmp)
+            raise
+
+    # -- budget and eviction ----------------------------------------------------
+
+    def _scan(self):
+        """(complete entries: key -> (bytes, last used), in-flight bytes, temporaries by key)."""
+        entries: dict[str, list] = {}
+        tmp_bytes, temps = 0, []
+        with os.scandir(self.data_dir) as it:
+            for e in it:
+                try:
+                    st = e.stat()
+                except FileNotFoundError:
+                    continue
+                key = e.name.split(".", 1)[0]
+                if ".tmp-" in e.name:
+                    tmp_bytes += st.st_size
+                    temps.append((key, e.path, st.st_size))
+                    continue
+                rec = entries.setdefault(key, [0, 0.0])
+                rec[0] += st.st_size
+                if "." not in e.name:
+                    rec[1] = st.st_mtime
+        return {k: (b, t) for k, (b, t) in entries.items()}, tmp_bytes, temps
+
+    def _make_room_and_create(self, key: str, suffix: str, size: int, url: str) -> str:
+        if size > self.limit_bytes:
+            raise CacheLimitError(url, f"shard of {size} bytes does not fit a cache limit of {self.limit_bytes} "
+                                       f"bytes; raise limit_bytes to at least {size}", size)
+        deadline = time.monotonic() + self.wait_timeout_s
+        delay = 0.02
+        while True:
+            with FileLock(os.path.join(self.cache_dir, ".cache.lock")):
+                entries, tmp_bytes, temps = self._scan()
+                tmp_bytes -= self._drop_orphans(temps)
+                used = tmp_bytes + sum(b for b, _ in entries.values())
+                if used + size > self.limit_bytes:
+                    used -= self._evict(entries, used + size - self.limit_bytes, keep=key)
+                if used + size <= self.limit_bytes:
+                    tmp = os.path.join(self.data_dir, f"{key}{suffix}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+                    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+                    try:
+                        _preallocate(fd, size, tmp)
+                    except BaseException:
+                        os.close(fd)
+                        _unlink(tmp)
+                        raise
+                    os.close(fd)
+                    return tmp
+            if time.monotonic() > deadline:
+                held = used
+                raise CacheLimitError(url, f"cannot make room for {size} bytes in a cache limit of "
+                                           f"{self.limit_bytes}: {held} bytes stay pinned or in flight after "
+                                           f"{self.wait_timeout_s:.0f} s; raise limit_bytes to at least "
+                                           f"{held + size}", held + size)
+            t0 = time.monotonic()
+            time.sleep(delay)  # pinned entries are released as readers finish their shards
+            self._add(wait_s=time.monotonic() - t0)
+            delay = min(delay * 2, 0.5)
+
+    def _drop_orphans(self, temps) -> int:
+        """Remove temporaries whose fetcher died (nobody holds their fetch lock)."""
+        freed = 0
+        for key, path, size in temps:
+            lock = FileLock(os.path.join(self.lock_dir, key + ".fetch"))
+            if lock.acquire(blocking=False):
+                try:
+                    if os.path.exists(path):
+                        _unlink(path)
+                        freed += size
+                finally:
+                    lock.release()
+        return freed
+
+    def _evict(self, entries, need: int, keep: str) -> int:
+        freed = 0
+        for key in victim_order({k: v for k, v in entries.items() if k != keep}, self.lookahead.merged()):
+            if freed >= need:
+                break
+            pin = FileLock(os.path.join(self.lock_dir, key + ".pin"))
+            if not pin.acquire(blocking=False):
+                continue  # PINNED: a reader (in any process) holds it
+            try:
+                base = os.path.join(self.data_dir, key)
+                for p in (base, base + SIDECAR, base + NO_SIDECAR):
+                    _unlink(p)
+                pin.unlink_locked()
+            finally:
+                pin.release()
+            freed += entries[key][0]
+            self._add(evictions=1)
+        return freed
+
+
+def _touch(path: str) -> None:
+    try:
+        os.utime(path)  # last use, for LRU among unplanned entries
+    except OSError:
+        pass
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _preallocate(fd: int, size: int, path: str) -> None:
+    """Give the temporary its full size now: the budget scan counts it, and a
+    full disk fails here rather than mid-download."""
+    os.ftruncate(fd, size)
+    if size and hasattr(os, "posix_fallocate"):
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError as e:
+            if e.errno not in (95, 22):  # EOPNOTSUPP / EINVAL: filesystem without fallocate
+                raise ShardError(path, f"cannot reserve {size} bytes on the cache disk: {e}") from e

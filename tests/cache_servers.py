@@ -1,0 +1,180 @@
+"""Real servers on loopback for the cache tests: an HTTP server with Range
+support that counts requests and injects faults on demand, and moto's S3
+server. No mock objects: bytes travel over sockets as they do in a job."""
+
+from __future__ import annotations
+
+import html
+import os
+import re
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import unquote, urlsplit
+
+_RANGE = re.compile(r"^bytes=(\d+)-(\d*)$")
+
+
+@dataclass
+class Fault:
+    """Misbehave on the next ``times`` GETs of paths ending in ``suffix``:
+    "reset" cuts the connection mid-body, "stall" waits ``stall_s`` before the
+    body, "500" answers an internal error."""
+
+    suffix: str
+    kind: str
+    times: int = 1
+    stall_s: float = 3.0
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: "RangeServer"
+
+    def log_message(self, *args):  # keep test output quiet
+        pass
+
+    def _file(self):
+        rel = unquote(urlsplit(self.path).path).lstrip("/")
+        path = os.path.realpath(os.path.join(self.server.root, rel))
+        if not (path + os.sep).startswith(os.path.realpath(self.server.root) + os.sep) and \
+                path != os.path.realpath(self.server.root):
+            return None, rel
+        return path, rel
+
+    def do_HEAD(self):
+        self._serve(body=False)
+
+    def do_GET(self):
+        self._serve(body=True)
+
+    def _serve(self, body: bool):
+        path, rel = self._file()
+        if body:
+            self.server.count(rel)
+        fault = self.server.take_fault(rel) if body else None
+        if fault is not None and fault.kind == "500":
+            return self._send(500, b"injected failure")
+        if path is None or not os.path.exists(path):
+            return self._send(404, b"not found")
+        if os.path.isdir(path):
+            names = sorted(os.listdir(path))
+            links = "".join(f'<a href="{html.escape(n)}">{html.escape(n)}</a>\n' for n in names)
+            return self._send(200, f"<html><body>{links}</body></html>".encode(), "text/html", body)
+        size = os.path.getsize(path)
+        start, end, status = 0, size, 200
+        m = _RANGE.match(self.headers.get("Range", ""))
+        if m:
+            start = int(m.group(1))
+            end = min(size, int(m.group(2)) + 1) if m.group(2) else size
+            status = 206
+        self.send_response(status)
+        self.send_header("Content-Length", str(end - start))
+        self.send_header("Accept-Ranges", "bytes")
+        if status == 206:
+            self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
+        self.end_headers()
+        if not body:
+            return
+        with open(path, "rb") as f:
+            data = os.pread(f.fileno(), end - start, start)
+        if fault is not None and fault.kind == "stall":
+            time.sleep(fault.stall_s)
+        if fault is not None and fault.kind == "reset":
+            self.wfile.write(data[: len(data) // 2])
+            self.wfile.flush()
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        self.wfile.write(data)
+
+    def _send(self, status: int, data: bytes, ctype: str = "text/plain", body: bool = True):
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if body:
+            self.wfile.write(data)
+
+
+class RangeServer(ThreadingHTTPServer):
+    """``RangeServer(root)``: serves ``root`` on 127.0.0.1 in a thread; ``url``,
+    ``requests`` (GETs per relative path), ``faults`` (list of Fault)."""
+
+    daemon_threads = True
+
+    def __init__(self, root: str):
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.root = root
+        self.requests: dict[str, int] = {}
+        self.faults: list[Fault] = []
+        self._mu = threading.Lock()
+        self.url = f"http://127.0.0.1:{self.server_address[1]}"
+        self._thread = threading.Thread(target=self.serve_forever, name="test-http", daemon=True)
+
+    def count(self, rel: str) -> None:
+        with self._mu:
+            self.requests[rel] = self.requests.get(rel, 0) + 1
+
+    def gets(self, suffix: str) -> int:
+        with self._mu:
+            return sum(n for p, n in self.requests.items() if p.endswith(suffix))
+
+    def take_fault(self, rel: str) -> Fault | None:
+        with self._mu:
+            for f in self.faults:
+                if f.times > 0 and rel.endswith(f.suffix):
+                    f.times -= 1
+                    return f
+        return None
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.shutdown()
+        self.server_close()
+
+
+S3_KEYS = {"key": "testing", "secret": "testing"}
+
+
+def s3_options(endpoint: str) -> dict:
+    return dict(S3_KEYS, client_kwargs={"endpoint_url": endpoint, "region_name": "us-east-1"})
+
+
+def upload_folder(endpoint: str, bucket: str, folder: str, prefix: str) -> None:
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing", aws_secret_access_key="testing",
+                      region_name="us-east-1")
+    for dirpath, _, files in os.walk(folder):
+        for n in files:
+            path = os.path.join(dirpath, n)
+            key = prefix + "/" + os.path.relpath(path, folder).replace(os.sep, "/")
+            s3.upload_file(path, bucket, key)
+
+
+def fetch_in_child(cache_dir: str, limit: int, url: str, expected_hash, barrier_path: str) -> str:
+    """A separate process's get() (multiprocessing target): waits until the
+    start file exists so both children ask at the same moment."""
+    from shardfeed.cache import ShardCache
+
+    while not os.path.exists(barrier_path):
+        time.sleep(0.005)
+    return ShardCache(cache_dir, limit).get(url, expected_hash)
+
+
+def pin_in_child(cache_dir: str, limit: int, url: str, pinned_path: str, release_path: str) -> None:
+    """Hold ``url`` pinned until ``release_path`` appears (multiprocessing target)."""
+    from shardfeed.cache import ShardCache
+
+    with ShardCache(cache_dir, limit).hold(url):
+        open(pinned_path, "w").close()
+        deadline = time.monotonic() + 60
+        while not os.path.exists(release_path) and time.monotonic() < deadline:
+            time.sleep(0.01)
