@@ -159,14 +159,17 @@ def upload_folder(endpoint: str, bucket: str, folder: str, prefix: str) -> None:
             s3.upload_file(path, bucket, key)
 
 
-def fetch_in_child(cache_dir: str, limit: int, url: str, expected_hash, barrier_path: str) -> str:
-    """A separate process's get() (multiprocessing target): waits until the
-    start file exists so both children ask at the same moment."""
+def fetch_in_child(cache_dir: str, limit: int, url: str, expected_hash, barrier_path: str):
+    """A separate process's get() (multiprocessing target): announces itself
+    with ``<barrier_path>.ready-<pid>``, then waits until ``barrier_path``
+    exists so both children ask at the same moment. Returns (path, stats)."""
     from shardfeed.cache import ShardCache
 
+    cache = ShardCache(cache_dir, limit)
+    open(f"{barrier_path}.ready-{os.getpid()}", "w").close()
     while not os.path.exists(barrier_path):
-        time.sleep(0.005)
-    return ShardCache(cache_dir, limit).get(url, expected_hash)
+        time.sleep(0.002)
+    return cache.get(url, expected_hash), cache.stats()
 
 
 def pin_in_child(cache_dir: str, limit: int, url: str, pinned_path: str, release_path: str) -> None:
