@@ -47,7 +47,8 @@ class Prefetcher:
         biggest = max((r.size or 0 for r in self.refs), default=0)
         # the consumer holds one shard while the window fills: both must fit at once
         cache.reserve(self.max_ahead_bytes + biggest)
-        cache.set_lookahead((r, first_step + i) for i, r in enumerate(self.refs))
+        self.first_step = first_step
+        self._publish_plan(0)
         self._cv = threading.Condition()
         self._pos = 0  # consumer's position: refs before it are done with
         self._next = 0  # next position to hand to a fetch thread
@@ -58,6 +59,11 @@ class Prefetcher:
                          for n in range(max(1, threads))]
         for t in self._threads:
             t.start()
+
+    def _publish_plan(self, pos: int) -> None:
+        # Shards behind the consumer leave the plan, so they become the first
+        # to evict (a shard used again later stays, at its next position).
+        self.cache.set_lookahead((r, self.first_step + k) for k, r in enumerate(self.refs[pos:], start=pos))
 
     def __len__(self) -> int:
         return len(self.refs)
@@ -98,9 +104,10 @@ class Prefetcher:
             raise RuntimeError("Prefetcher is closed")
         if not 0 <= i < len(self.refs):
             raise IndexError(f"position {i} is outside the plan of {len(self.refs)} shards")
+        moved = False
         with self._cv:
             if i > self._pos:
-                self._pos = i
+                self._pos, moved = i, True
                 for k in [k for k in self._results if k < i]:
                     del self._results[k]
                 self._cv.notify_all()
@@ -115,6 +122,8 @@ class Prefetcher:
                 ok, value = self._results.get(i, (True, None))
                 if not ok:
                     raise value
+        if moved:
+            self._publish_plan(i)
         if self._closed:
             raise RuntimeError("Prefetcher is closed")
 
