@@ -31,7 +31,6 @@ import contextlib
 import os
 import threading
 import time
-import uuid
 from dataclasses import dataclass
 
 import xxhash
@@ -39,24 +38,13 @@ import xxhash
 from shardfeed.formats import ShardError
 from shardfeed.formats.readers import hash_file
 
+from shardfeed.cache.budget import NO_SIDECAR, SIDECAR, Budget, CacheLimitError, unlink_quiet
 from shardfeed.cache.fetch import FetchOptions, fetch_to_fd, with_retries
 from shardfeed.cache.locks import FileLock, acquire_timed
-from shardfeed.cache.lookahead import SharedLookahead, victim_order
+from shardfeed.cache.lookahead import SharedLookahead
 from shardfeed.cache.sources import open_source
 
-SIDECAR = ".idx"
-NO_SIDECAR = ".noidx"  # marker: the source has no sidecar for this shard (a foreign tar)
-
-
-class CacheLimitError(ShardError):
-    """The byte budget cannot hold what is needed at once; ``needed_bytes`` says how much would."""
-
-    def __init__(self, where: str, reason: str, needed_bytes: int):
-        self.needed_bytes = int(needed_bytes)
-        super().__init__(where, reason)
-
-    def __reduce__(self):
-        return (type(self), (self.shard, self.reason, self.needed_bytes))
+__all__ = ["CacheLimitError", "ShardCache", "ShardRef"]
 
 
 @dataclass(frozen=True)
@@ -92,6 +80,7 @@ class ShardCache:
         self.lookahead = SharedLookahead(os.path.join(self.cache_dir, "lookahead"), share_lookahead)
         self._counters = dict(hits=0, misses=0, bytes_fetched=0, evictions=0, wait_s=0.0, fetch_s=0.0, errors=0)
         self._mu = threading.Lock()
+        self.budget = Budget(self.cache_dir, limit_bytes, wait_timeout_s, self.lookahead.merged, self._add)
 
     # -- public ---------------------------------------------------------------
 
@@ -154,8 +143,7 @@ class ShardCache:
 
     def used_bytes(self) -> int:
         """Bytes of complete entries and in-flight temporaries."""
-        entries, tmp_bytes, _ = self._scan()
-        return tmp_bytes + sum(b for b, _ in entries.values())
+        return self.budget.used_bytes()
 
     def stats(self) -> dict:
         with self._mu:
@@ -207,7 +195,7 @@ class ShardCache:
         src = open_source(url, self.storage_options, opts.stall_s)
         if size is None:
             size = with_retries(url, "asking its size", src.size, opts)
-        tmp = self._make_room_and_create(key, "", int(size), url)
+        tmp = self.budget.make_room_and_create(key, "", int(size), url)
         t0 = time.monotonic()
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CLOEXEC)
@@ -222,7 +210,7 @@ class ShardCache:
                                           "(changed or damaged at the source); nothing was cached")
             os.rename(tmp, path)
         except BaseException:
-            _unlink(tmp)
+            unlink_quiet(tmp)
             raise
         finally:
             self._add(fetch_s=time.monotonic() - t0)
@@ -242,7 +230,7 @@ class ShardCache:
                 open(path + NO_SIDECAR, "wb").close()  # a foreign tar: the reader scans it
                 return
             raise
-        tmp = self._make_room_and_create(key, SIDECAR, size, src.url)
+        tmp = self.budget.make_room_and_create(key, SIDECAR, size, src.url)
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CLOEXEC)
             try:
@@ -255,122 +243,11 @@ class ShardCache:
                                       f"has {os.path.getsize(path)} (stale sidecar); nothing was cached")
             os.rename(tmp, path + SIDECAR)
         except BaseException:
-            _unlink(tmp)
+            unlink_quiet(tmp)
             raise
-
-    # -- budget and eviction ----------------------------------------------------
-
-    def _scan(self):
-        """(complete entries: key -> (bytes, last used), in-flight bytes, temporaries by key)."""
-        entries: dict[str, list] = {}
-        tmp_bytes, temps = 0, []
-        with os.scandir(self.data_dir) as it:
-            for e in it:
-                try:
-                    st = e.stat()
-                except FileNotFoundError:
-                    continue
-                key = e.name.split(".", 1)[0]
-                if ".tmp-" in e.name:
-                    tmp_bytes += st.st_size
-                    temps.append((key, e.path, st.st_size))
-                    continue
-                rec = entries.setdefault(key, [0, 0.0])
-                rec[0] += st.st_size
-                if "." not in e.name:
-                    rec[1] = st.st_mtime
-        return {k: (b, t) for k, (b, t) in entries.items()}, tmp_bytes, temps
-
-    def _make_room_and_create(self, key: str, suffix: str, size: int, url: str) -> str:
-        if size > self.limit_bytes:
-            raise CacheLimitError(url, f"shard of {size} bytes does not fit a cache limit of {self.limit_bytes} "
-                                       f"bytes; raise limit_bytes to at least {size}", size)
-        deadline = time.monotonic() + self.wait_timeout_s
-        delay = 0.02
-        while True:
-            with FileLock(os.path.join(self.cache_dir, ".cache.lock")):
-                entries, tmp_bytes, temps = self._scan()
-                tmp_bytes -= self._drop_orphans(temps)
-                used = tmp_bytes + sum(b for b, _ in entries.values())
-                if used + size > self.limit_bytes:
-                    used -= self._evict(entries, used + size - self.limit_bytes, keep=key)
-                if used + size <= self.limit_bytes:
-                    tmp = os.path.join(self.data_dir, f"{key}{suffix}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-                    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-                    try:
-                        _preallocate(fd, size, tmp)
-                    except BaseException:
-                        os.close(fd)
-                        _unlink(tmp)
-                        raise
-                    os.close(fd)
-                    return tmp
-            if time.monotonic() > deadline:
-                held = used
-                raise CacheLimitError(url, f"cannot make room for {size} bytes in a cache limit of "
-                                           f"{self.limit_bytes}: {held} bytes stay pinned or in flight after "
-                                           f"{self.wait_timeout_s:.0f} s; raise limit_bytes to at least "
-                                           f"{held + size}", held + size)
-            t0 = time.monotonic()
-            time.sleep(delay)  # pinned entries are released as readers finish their shards
-            self._add(wait_s=time.monotonic() - t0)
-            delay = min(delay * 2, 0.5)
-
-    def _drop_orphans(self, temps) -> int:
-        """Remove temporaries whose fetcher died (nobody holds their fetch lock)."""
-        freed = 0
-        for key, path, size in temps:
-            lock = FileLock(os.path.join(self.lock_dir, key + ".fetch"))
-            if lock.acquire(blocking=False):
-                try:
-                    if os.path.exists(path):
-                        _unlink(path)
-                        freed += size
-                finally:
-                    lock.release()
-        return freed
-
-    def _evict(self, entries, need: int, keep: str) -> int:
-        freed = 0
-        for key in victim_order({k: v for k, v in entries.items() if k != keep}, self.lookahead.merged()):
-            if freed >= need:
-                break
-            pin = FileLock(os.path.join(self.lock_dir, key + ".pin"))
-            if not pin.acquire(blocking=False):
-                continue  # PINNED: a reader (in any process) holds it
-            try:
-                base = os.path.join(self.data_dir, key)
-                for p in (base, base + SIDECAR, base + NO_SIDECAR):
-                    _unlink(p)
-                pin.unlink_locked()
-            finally:
-                pin.release()
-            freed += entries[key][0]
-            self._add(evictions=1)
-        return freed
-
 
 def _touch(path: str) -> None:
     try:
         os.utime(path)  # last use, for LRU among unplanned entries
     except OSError:
         pass
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
-def _preallocate(fd: int, size: int, path: str) -> None:
-    """Give the temporary its full size now: the budget scan counts it, and a
-    full disk fails here rather than mid-download."""
-    os.ftruncate(fd, size)
-    if size and hasattr(os, "posix_fallocate"):
-        try:
-            os.posix_fallocate(fd, 0, size)
-        except OSError as e:
-            if e.errno not in (95, 22):  # EOPNOTSUPP / EINVAL: filesystem without fallocate
-                raise ShardError(path, f"cannot reserve {size} bytes on the cache disk: {e}") from e

@@ -1,0 +1,161 @@
+"""The byte budget of a cache folder, shared by every process on the node.
+
+What counts: complete entries (shard plus sidecar) and in-flight
+temporaries, which are preallocated to their full size so a directory scan
+sees them. Making room and creating a temporary happen under one node-wide
+flock (``<cache_dir>/.cache.lock``), so two fetches never overshoot the budget
+together. Eviction takes entries in lookahead.victim_order and skips pinned
+ones; when all that is left is pinned or in flight, a fetch waits (readers
+finish shards and unpin) up to a timeout, then raises CacheLimitError with
+the limit that would have worked.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+
+from shardfeed.formats import ShardError
+
+from shardfeed.cache.locks import FileLock
+from shardfeed.cache.lookahead import victim_order
+
+SIDECAR = ".idx"
+NO_SIDECAR = ".noidx"  # marker: the source has no sidecar for this shard (a foreign tar)
+
+
+class CacheLimitError(ShardError):
+    """The byte budget cannot hold what is needed at once; ``needed_bytes`` says how much would."""
+
+    def __init__(self, where: str, reason: str, needed_bytes: int):
+        self.needed_bytes = int(needed_bytes)
+        super().__init__(where, reason)
+
+    def __reduce__(self):
+        return (type(self), (self.shard, self.reason, self.needed_bytes))
+
+
+class Budget:
+    """Accounting and eviction for one cache folder (any number of Budget objects may share it)."""
+
+    def __init__(self, cache_dir: str, limit_bytes: int, wait_timeout_s: float, plan, count):
+        self.cache_dir = cache_dir
+        self.data_dir = os.path.join(cache_dir, "data")
+        self.lock_dir = os.path.join(cache_dir, "locks")
+        self.limit_bytes = limit_bytes
+        self.wait_timeout_s = wait_timeout_s
+        self._plan = plan  # () -> {key: next step}
+        self._count = count  # (**counter deltas) -> None
+
+    def used_bytes(self) -> int:
+        entries, tmp_bytes, _ = self._scan()
+        return tmp_bytes + sum(b for b, _ in entries.values())
+
+    def _scan(self):
+        """(complete entries: key -> (bytes, last used), in-flight bytes, temporaries by key)."""
+        entries: dict[str, list] = {}
+        tmp_bytes, temps = 0, []
+        with os.scandir(self.data_dir) as it:
+            for e in it:
+                try:
+                    st = e.stat()
+                except FileNotFoundError:
+                    continue
+                key = e.name.split(".", 1)[0]
+                if ".tmp-" in e.name:
+                    tmp_bytes += st.st_size
+                    temps.append((key, e.path, st.st_size))
+                    continue
+                rec = entries.setdefault(key, [0, 0.0])
+                rec[0] += st.st_size
+                if "." not in e.name:
+                    rec[1] = st.st_mtime
+        return {k: (b, t) for k, (b, t) in entries.items()}, tmp_bytes, temps
+
+    def make_room_and_create(self, key: str, suffix: str, size: int, url: str) -> str:
+        if size > self.limit_bytes:
+            raise CacheLimitError(url, f"shard of {size} bytes does not fit a cache limit of {self.limit_bytes} "
+                                       f"bytes; raise limit_bytes to at least {size}", size)
+        deadline = time.monotonic() + self.wait_timeout_s
+        delay = 0.02
+        while True:
+            with FileLock(os.path.join(self.cache_dir, ".cache.lock")):
+                entries, tmp_bytes, temps = self._scan()
+                tmp_bytes -= self._drop_orphans(temps)
+                used = tmp_bytes + sum(b for b, _ in entries.values())
+                if used + size > self.limit_bytes:
+                    used -= self._evict(entries, used + size - self.limit_bytes, keep=key)
+                if used + size <= self.limit_bytes:
+                    tmp = os.path.join(self.data_dir, f"{key}{suffix}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+                    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+                    try:
+                        _preallocate(fd, size, tmp)
+                    except BaseException:
+                        os.close(fd)
+                        unlink_quiet(tmp)
+                        raise
+                    os.close(fd)
+                    return tmp
+            if time.monotonic() > deadline:
+                held = used
+                raise CacheLimitError(url, f"cannot make room for {size} bytes in a cache limit of "
+                                           f"{self.limit_bytes}: {held} bytes stay pinned or in flight after "
+                                           f"{self.wait_timeout_s:.0f} s; raise limit_bytes to at least "
+                                           f"{held + size}", held + size)
+            t0 = time.monotonic()
+            time.sleep(delay)  # pinned entries are released as readers finish their shards
+            self._count(wait_s=time.monotonic() - t0)
+            delay = min(delay * 2, 0.5)
+
+    def _drop_orphans(self, temps) -> int:
+        """Remove temporaries whose fetcher died (nobody holds their fetch lock)."""
+        freed = 0
+        for key, path, size in temps:
+            lock = FileLock(os.path.join(self.lock_dir, key + ".fetch"))
+            if lock.acquire(blocking=False):
+                try:
+                    if os.path.exists(path):
+                        unlink_quiet(path)
+                        freed += size
+                finally:
+                    lock.release()
+        return freed
+
+    def _evict(self, entries, need: int, keep: str) -> int:
+        freed = 0
+        for key in victim_order({k: v for k, v in entries.items() if k != keep}, self._plan()):
+            if freed >= need:
+                break
+            pin = FileLock(os.path.join(self.lock_dir, key + ".pin"))
+            if not pin.acquire(blocking=False):
+                continue  # PINNED: a reader (in any process) holds it
+            try:
+                base = os.path.join(self.data_dir, key)
+                for p in (base, base + SIDECAR, base + NO_SIDECAR):
+                    unlink_quiet(p)
+                pin.unlink_locked()
+            finally:
+                pin.release()
+            freed += entries[key][0]
+            self._count(evictions=1)
+        return freed
+
+
+def unlink_quiet(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _preallocate(fd: int, size: int, path: str) -> None:
+    """Give the temporary its full size now: the budget scan counts it, and a
+    full disk fails here rather than mid-download."""
+    os.ftruncate(fd, size)
+    if size and hasattr(os, "posix_fallocate"):
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError as e:
+            if e.errno not in (95, 22):  # EOPNOTSUPP / EINVAL: filesystem without fallocate
+                raise ShardError(path, f"cannot reserve {size} bytes on the cache disk: {e}") from e
