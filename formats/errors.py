@@ -1,6 +1,13 @@
-"""The one error type for bad input: every message names the shard and the reason."""
+"""The one error type for bad input: every message names the shard and the reason.
+
+ShardError is raised; ReadError is its record when damaged data is skipped
+instead (``on_error="skip"``): a value listed in ``RawBatch.errors`` and in a
+batch's info, counted and logged by the loader's ErrorPolicy.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 
 class ShardError(Exception):
@@ -18,3 +25,26 @@ class ShardError(Exception):
     def __reduce__(self):
         # Travels from worker processes to the main process intact.
         return (type(self), (self.shard, self.reason))
+
+
+@dataclass(frozen=True)
+class ReadError:
+    """Samples left out of a batch: ``samples`` of them, from the shard at
+    ``shard`` (path or URL), for ``reason``. Travels from worker processes to
+    the main process as a value (it pickles)."""
+
+    shard: str
+    reason: str
+    samples: int
+
+    @classmethod
+    def of(cls, error: ShardError, samples: int) -> ReadError:
+        """The record of ``samples`` left out because of ``error``."""
+        return cls(error.shard, error.reason, samples)
+
+    # Read as the (shard, reason, samples) tuple it replaces, for callers that unpack it.
+    def __iter__(self):
+        return iter((self.shard, self.reason, self.samples))
+
+    def __getitem__(self, i):
+        return (self.shard, self.reason, self.samples)[i]

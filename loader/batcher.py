@@ -18,6 +18,7 @@ import numpy as np
 
 from shardfeed.formats import ShardError, codec_of, decode_field
 from shardfeed.formats.batch import BatchReader, RawBatch, parse_ints
+from shardfeed.formats.errors import ReadError
 from shardfeed.loader.collate import Blob, Strs, collate_column, default_collate
 from shardfeed.loader.errors import ErrorPolicy
 
@@ -56,14 +57,14 @@ class BatchMaker:
 
     def make(self, ids: np.ndarray, image_size: int | None = None,
              alloc: Callable[[int], np.ndarray] | None = None) -> tuple[Any, dict]:
-        """(columns, info): info has read_s, decode_s, collate_s, bytes, errors, samples."""
+        """(columns, info): info has read_s, decode_s, collate_s, bytes, errors (ReadError records), samples."""
         t0 = time.perf_counter()
         fast = self.transform is None and self.collate_fn is None
         if fast and alloc is None:
             alloc = self._scratch  # the columns returned are valid until the next make()
         raw = self.reader.read(ids, alloc if fast else None)
         t1 = time.perf_counter()
-        errors = [(s, r, n) for s, r, n in raw.errors]
+        errors = list(raw.errors)
         if fast:
             columns = self._columns(raw, image_size, errors)
             t2 = t3 = time.perf_counter()
@@ -140,7 +141,7 @@ class BatchMaker:
             r = rows[0]
             raise ShardError(paths[0], f"sample {raw.keys[r]!r}: {reasons[r]}")
         for r, p in zip(rows, paths):
-            errors.append((p, f"sample {raw.keys[r]!r}: {reasons[r]}", 1))
+            errors.append(ReadError(p, f"sample {raw.keys[r]!r}: {reasons[r]}", 1))
 
     # -- slow path: per-sample dicts for a transform or a custom collate --
     def _samples(self, raw: RawBatch, image_size, errors) -> list[dict]:
@@ -169,7 +170,7 @@ class BatchMaker:
                 reason = f"sample {raw.keys[r]!r} does not decode: {type(e).__name__}: {e}"
                 if not self.policy.skip:
                     raise ShardError(path, reason) from e
-                errors.append((path, reason, 1))
+                errors.append(ReadError(path, reason, 1))
                 continue
             if self.transform is not None:
                 sample = (self.transform(sample, image_size=image_size) if self.transform_takes_size

@@ -9,6 +9,9 @@ not a thousand).
 from __future__ import annotations
 
 import logging
+from typing import Iterable
+
+from shardfeed.formats.errors import ReadError
 
 log = logging.getLogger("shardfeed.loader")
 
@@ -29,15 +32,15 @@ class ErrorPolicy:
         self.skip = on_error == "skip"
         self._logged: set[str] = set()
 
-    def report(self, errors) -> int:
-        """Log (once per shard) errors ``(shard, reason, samples)``; returns samples skipped."""
+    def report(self, errors: Iterable[ReadError]) -> int:
+        """Log (once per shard) the ReadError records ``errors``; returns the samples they left out."""
         n = 0
-        for shard, reason, count in errors:
-            n += count
-            if shard not in self._logged:
-                self._logged.add(shard)
+        for e in errors:
+            n += e.samples
+            if e.shard not in self._logged:
+                self._logged.add(e.shard)
                 log.warning("skipping corrupt data in %s: %s (further errors in this shard are counted, "
-                            "not logged)", shard, reason)
+                            "not logged)", e.shard, e.reason)
         return n
 
     def __repr__(self) -> str:
