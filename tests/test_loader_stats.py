@@ -108,12 +108,14 @@ def test_before_any_epoch_is_known_only_the_total_is_printed():
 # --- through a real Loader --------------------------------------------------------------
 
 class _WiredLoader(Loader):
-    """The Loader with the one call it needs at the start of each iteration
-    (the line proposed for Loader._iterate: ``st.start_epoch(self._epoch, fresh=start == 0)``).
-    Harmless once the Loader makes the call itself: it is the same call, made first."""
+    """The Loader with the one call it needs as each iteration starts (the line
+    proposed for Loader._iterate: ``st.start_epoch(self.epoch, fresh=self._pos["step"] == 0)``),
+    made here from the public position. Harmless once the Loader makes the
+    call itself: it is the same call, made just before."""
 
     def _iterate(self, gen):
-        self._stats.start_epoch(self._epoch, fresh=self._step == 0)
+        pos = self.state_dict()
+        self._stats.start_epoch(pos["epoch"], fresh=pos["step"] == 0)
         yield from super()._iterate(gen)
 
 

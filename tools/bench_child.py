@@ -9,7 +9,9 @@ Jobs:
 - ``{"mode": "write", "library", "folder", "count", "size"}``: writes the
   samples with the library's own writer.
 - ``{"mode": "read", "library", "folder", "count", "size", "workers",
-  "shuffle", "batch_size", "expected"}``: one timed pass, content-checked.
+  "shuffle", "batch_size", "expected"}``: one timed pass, content-checked,
+  its batches counted (the orchestrator gives no rate to a pass too short
+  for a steady state).
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ def _run(job: dict) -> dict:
     first_batch_s = steady_start = None
     first = {}
     check_s = 0.0
+    batches = 0
     start = time.perf_counter()
     for keys, payloads, classes in adapter.batches(job["folder"], job["workers"], job["shuffle"],
                                                    job["batch_size"]):
@@ -73,10 +76,12 @@ def _run(job: dict) -> dict:
         check.add(keys, payloads, classes)
         done = time.perf_counter()
         check_s += done - got
+        batches += 1
         if first_batch_s is None:
             first_batch_s, steady_start, first = got - start, done, check.result()
     end = time.perf_counter()
-    result = {"elapsed_s": end - start, "first_batch_s": first_batch_s, "check_s": check_s, **check.result(),
+    result = {"elapsed_s": end - start, "first_batch_s": first_batch_s, "check_s": check_s, "batches": batches,
+              **check.result(),
               "child_peak_rss_mib": _peak_rss_mib()}
     if steady_start is not None and check.count > first.get("count", 0):
         result.update(steady_s=end - steady_start, steady_count=check.count - first["count"],

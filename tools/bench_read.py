@@ -8,6 +8,9 @@ here; every pass is content-checked and a pass with wrong content is
 reported FAILED, never as a number. `cat` of the shards, page cache warm,
 gives the machine's read limit in the same run. shardfeed is also read at a
 larger dataset size to show whether its memory grows with the dataset.
+A pass of fewer than MIN_BATCHES batches has no steady state to measure:
+its row says "too small: N batches", with no rate, and no target is judged
+on it (the --quick sizes are chosen to give every pass enough batches).
 
 Writes bench_read.md, bench_read.json and bench_read.png under --out.
 """
@@ -28,13 +31,18 @@ from tqdm import tqdm
 
 from shardfeed.tools.bench_child import RESULT_PREFIX
 from shardfeed.tools.bench_peers import ADAPTERS
+from shardfeed.tools.bench_report import MIN_BATCHES, too_small
 from shardfeed.tools.bench_samples import GENERATOR_VERSION, SampleSpec
 
 SIZES = {"2KiB": 2048, "100KiB": 100 * 1024}
 # Default dataset sizes: about 128 MiB and 400 MiB of payload, so the whole
 # run (writing included) stays near 10 minutes on 2 cores.
 DEFAULT_COUNTS = {"2KiB": 65536, "100KiB": 4096}
-QUICK_COUNTS = {"2KiB": 4096, "100KiB": 256}
+# Quick: about 16 MiB and 200 MiB, the fewest samples that still give every
+# pass a steady state (32 and 8 batches of 256); with a larger --batch-size
+# they grow to MIN_BATCHES batches. One batch of 100 KiB samples (as before)
+# measured start-up and judged targets on it.
+QUICK_COUNTS = {"2KiB": 8192, "100KiB": 2048}
 MANIFEST = "bench-manifest.json"
 
 
@@ -43,7 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", default=None,
                         help="folder for the benchmark datasets, reused when valid (default: OUT/data)")
     parser.add_argument("--quick", action="store_true",
-                        help=f"small datasets ({QUICK_COUNTS['2KiB']} x 2 KiB, {QUICK_COUNTS['100KiB']} x 100 KiB)")
+                        help=f"small datasets ({QUICK_COUNTS['2KiB']} x 2 KiB, {QUICK_COUNTS['100KiB']} x 100 KiB, "
+                             f"at least {MIN_BATCHES} batches each)")
     parser.add_argument("--samples-2k", type=int, default=None, help="number of 2 KiB samples")
     parser.add_argument("--samples-100k", type=int, default=None, help="number of 100 KiB samples")
     parser.add_argument("--sizes", default=",".join(SIZES),
@@ -83,7 +92,10 @@ class Plan:
     def __init__(self, args):
         self.out = os.path.abspath(args.out)
         self.data = os.path.abspath(args.data or os.path.join(args.out, "data"))
-        counts = dict(QUICK_COUNTS if args.quick else DEFAULT_COUNTS)
+        self.batch_size = _positive(args.batch_size, "--batch-size")
+        counts = dict(DEFAULT_COUNTS)
+        if args.quick:
+            counts = {s: max(n, MIN_BATCHES * self.batch_size) for s, n in QUICK_COUNTS.items()}
         if args.samples_2k is not None:
             counts["2KiB"] = _positive(args.samples_2k, "--samples-2k")
         if args.samples_100k is not None:
@@ -93,7 +105,6 @@ class Plan:
         self.libraries = _csv(args.libraries, list(ADAPTERS), "libraries")
         self.workers = [int(w) for w in _csv(args.workers, [str(i) for i in range(65)], "workers")]
         self.shuffles = [s == "on" for s in _csv(args.shuffle, ["off", "on"], "shuffle")]
-        self.batch_size = _positive(args.batch_size, "--batch-size")
         self.repeats = _positive(args.repeats, "--repeats")
         if args.growth < 0:
             raise ValueError(f"--growth must be >= 0 (0 turns it off), got {args.growth}")
@@ -103,6 +114,15 @@ class Plan:
         self.growth_size = self.sizes[0]
         self.timeout = args.timeout
         self.plot = not args.no_plot
+
+    def batches(self, count: int) -> int:
+        return -(-count // self.batch_size)
+
+    def notes(self) -> list[str]:
+        """Sizes whose passes are too short to measure, said before minutes are spent on them."""
+        return [f"{size}: {self.counts[size]:,} samples at batch {self.batch_size} is "
+                f"{too_small(self.batches(self.counts[size]))} (< {MIN_BATCHES}): reported, no rate, no target judged"
+                for size in self.sizes if too_small(self.batches(self.counts[size]))]
 
     def datasets(self):
         """(library, size name, count) for every dataset the run reads."""
@@ -281,6 +301,22 @@ def _median_result(results: list[dict]) -> dict:
     return best
 
 
+def add_rates(row: dict, limit: dict | None, batch_size: int) -> None:
+    """A content-checked pass's rates: the steady state after the first batch,
+    or, for a pass too short to have one, none at all (marked too_small)."""
+    row["batches"] = row.get("batches") or -(-row["count"] // batch_size)
+    row["whole_pass_samples_per_s"] = row["count"] / row["elapsed_s"]
+    row["first_batch_ms"] = row["first_batch_s"] * 1000
+    # no steady_s: every sample came in the first batch, whatever the count of empty ones after it
+    small = too_small(row["batches"]) if row.get("steady_s") else too_small(1)
+    if small:
+        row["too_small"] = small
+        return
+    row["samples_per_s"] = row["steady_count"] / row["steady_s"]
+    row["mb_per_s"] = row["steady_bytes"] / row["steady_s"] / 1e6
+    row["frac_cat"] = row["mb_per_s"] / limit["mb_per_s"] if limit else None
+
+
 def run_plan(plan: Plan, log=print) -> dict:
     started = time.time()
     datasets = {}
@@ -333,18 +369,12 @@ def run_plan(plan: Plan, log=print) -> dict:
                    "batch_size": plan.batch_size, "expected": expected[(size, count)]}
             row.update(_median_result([run_child(job, plan.timeout) for _ in range(plan.repeats)]))
         if row["status"] == "ok":
-            # steady state when the pass has more than one batch, else the whole pass
-            seconds, count, nbytes = (row["steady_s"], row["steady_count"], row["steady_bytes"]) \
-                if row.get("steady_s") else (row["elapsed_s"], row["count"], row["bytes"])
-            row["samples_per_s"] = count / seconds
-            row["mb_per_s"] = nbytes / seconds / 1e6
-            row["whole_pass_samples_per_s"] = row["count"] / row["elapsed_s"]
-            row["frac_cat"] = row["mb_per_s"] / limits[size]["mb_per_s"] if size in limits else None
-            row["first_batch_ms"] = row["first_batch_s"] * 1000
+            add_rates(row, limits.get(size), plan.batch_size)
         rows.append(row)
 
     return {"rows": rows, "limits": limits, "checks": checks, "datasets": {f"{k[0]}-{k[1]}-{k[2]}": v for k, v in datasets.items()},
-            "counts": {s: plan.counts[s] for s in plan.sizes}, "batch_size": plan.batch_size, "repeats": plan.repeats,
+            "counts": {s: plan.counts[s] for s in plan.sizes}, "batch_size": plan.batch_size,
+            "min_batches": MIN_BATCHES, "repeats": plan.repeats,
             "growth": plan.growth, "elapsed_s": time.time() - started, "machine": _machine()}
 
 
@@ -368,13 +398,17 @@ def main(args) -> int:
     except ValueError as e:
         print(f"shardfeed bench read: {e}", file=sys.stderr)
         return 2
+    for note in plan.notes():
+        print(f"shardfeed bench read: note: {note}", file=sys.stderr)
     report = run_plan(plan)
     paths = write_reports(report, plan.out, plot=plan.plot)
     print(render(report))
     rows = report["rows"]
     ok = sum(r["status"] == "ok" for r in rows)
     failed = sum(r["status"].startswith("FAILED") for r in rows)
-    print(f"bench read: {len(rows)} configurations, {ok} ok, {failed} FAILED content checks, "
+    small = sum(r["status"] == "ok" and bool(r.get("too_small")) for r in rows)
+    print(f"bench read: {len(rows)} configurations, {ok} ok ({small} too small to measure), "
+          f"{failed} FAILED content checks, "
           f"{len(rows) - ok - failed} skipped or errors, in {report['elapsed_s']:.0f} s; "
           f"wrote {', '.join(paths)}")
     return 1 if failed else 0

@@ -6,6 +6,11 @@ The targets (issue 4), each judged within the same run and worker count:
 - 2 workers at least as fast as 0 workers;
 - shardfeed's peak RSS no higher than the leanest peer's;
 - and flat as the dataset grows (at most +10% at --growth times the samples).
+
+A pass of fewer than MIN_BATCHES batches has no steady state: its rate is
+mostly start-up (worker start, first shard opened, prefetch filling), so
+its row says "too small: N batches", shows no rate, and no target is judged
+on it ("not judged"), rather than a MISSED that measured nothing.
 """
 
 from __future__ import annotations
@@ -16,10 +21,31 @@ import os
 SPEEDUP_2K = 2.0
 CAT_FRACTION_100K = 0.5
 RSS_GROWTH_LIMIT = 0.10
+# 8 batches: the first is start-up, and with 2 workers x prefetch 2 up to 4
+# more were made while it waited; 8 leaves some batches paced by reading alone.
+MIN_BATCHES = 8
 
 
 def _fmt(value, spec=",.0f", missing="–"):
     return missing if value is None else format(value, spec)
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n:,} {noun if n == 1 else noun + ('es' if noun.endswith(('s', 'ch')) else 's')}"
+
+
+def too_small(batches: int) -> str | None:
+    """The row's label when ``batches`` per pass cannot show a steady state, else None."""
+    return f"too small: {_plural(batches, 'batch')}" if batches < MIN_BATCHES else None
+
+
+def _measured(row) -> bool:
+    """The row has rates: content checked and enough batches for a steady state."""
+    return row["status"] == "ok" and not row.get("too_small")
+
+
+def _status(row) -> str:
+    return f"ok, {row['too_small']}" if row["status"] == "ok" and row.get("too_small") else row["status"]
 
 
 def _shuffle(row) -> str:
@@ -40,14 +66,15 @@ def table(report: dict) -> str:
         lines.append(f"| content check alone (ceiling of this harness) | {size} | | | | "
                      f"{_fmt(check['samples_per_s'])} | {_fmt(check['mb_per_s'])} | {frac} | | | ok |")
     for r in report["rows"]:
-        ok = r["status"] == "ok"
+        ok = _measured(r)
+        first = r["status"] == "ok"  # a too-small pass still has a first batch
         lines.append("| " + " | ".join([
             r["label"] + (" (growth)" if r["role"] == "growth" else ""), r["size"], f"{r['count']:,}",
             str(r["workers"]), _shuffle(r),
             _fmt(r.get("samples_per_s")) if ok else "", _fmt(r.get("mb_per_s")) if ok else "",
-            _fmt(r.get("frac_cat"), ".3f") if ok else "", _fmt(r.get("first_batch_ms"), ",.1f") if ok else "",
-            _fmt(r.get("peak_rss_mib"), ",.0f") if ok else "",
-            r["status"].replace("|", "/")]) + " |")
+            _fmt(r.get("frac_cat"), ".3f") if ok else "", _fmt(r.get("first_batch_ms"), ",.1f") if first else "",
+            _fmt(r.get("peak_rss_mib"), ",.0f") if first else "",
+            _status(r).replace("|", "/")]) + " |")
     return "\n".join(lines)
 
 
@@ -60,8 +87,38 @@ def _find(rows, **want):
     return [r for r in rows if all(r.get(k) == v for k, v in want.items())]
 
 
+def _unjudged(*rows) -> dict | None:
+    """met=None with the reason, when a row the target needs failed or is too small; else None."""
+    for row in rows:
+        if row is None:
+            return {"met": None, "result": "not measured", "detail": "shardfeed not run"}
+        if row["status"] != "ok":
+            return {"met": None, "result": "not measured", "detail": f"{row['label']} not measured ({row['status']})"}
+    for row in rows:
+        if row.get("too_small"):
+            return {"met": None, "result": "not judged",
+                    "detail": f"{row['label']}, {row['count']:,} samples: {row['too_small']} "
+                              f"(< {MIN_BATCHES}, no steady state)"}
+    return None
+
+
+def _peers(rows) -> tuple[list, dict | None]:
+    """The measured peers to compare with, or (no peers, why there are none)."""
+    ok = [r for r in rows if r["peer"] and r["status"] == "ok"]
+    measured = [r for r in ok if not r.get("too_small")]
+    if measured:
+        return measured, None
+    return [], _unjudged(*ok) if ok else {"met": None, "result": "not measured", "detail": "no peer measured"}
+
+
+def _judge(t: dict, met: bool, detail: str) -> dict:
+    t.update(met=met, result="met" if met else "MISSED", detail=detail)
+    return t
+
+
 def targets(report: dict) -> list[dict]:
-    """Each target per configuration: {"target", "config", "met" (True/False/None), "detail"}."""
+    """Each target per configuration: {"target", "config", "met" (True/False/None),
+    "result" ("met", "MISSED", "not measured", "not judged"), "detail"}."""
     rows = report["rows"]
     main = [r for r in rows if r["role"] == "main"]
     out = []
@@ -70,53 +127,45 @@ def targets(report: dict) -> list[dict]:
         found = _find(main, library="shardfeed", **want)
         return found[0] if found else None
 
-    def not_measured(row):
-        return "shardfeed not run" if row is None else f"shardfeed not measured ({row['status']})"
-
     configs = sorted({(r["size"], r["workers"], r["shuffle"]) for r in main})
     for size, workers, shuffle in configs:
         where = f"{size}, {workers} workers, shuffle {'on' if shuffle else 'off'}"
         sf = shardfeed_row(size=size, workers=workers, shuffle=shuffle)
-        sf_ok = sf is not None and sf["status"] == "ok"
-        peers = [r for r in _find(main, size=size, workers=workers, shuffle=shuffle)
-                 if r["peer"] and r["status"] == "ok"]
+        peers, no_peers = _peers(_find(main, size=size, workers=workers, shuffle=shuffle))
+        skip = _unjudged(sf)
 
         if size == "2KiB":
             t = {"target": f"2 KiB: >= {SPEEDUP_2K:g}x the fastest peer's samples/s", "config": where}
-            if not sf_ok:
-                t.update(met=None, detail=not_measured(sf))
-            elif not peers:
-                t.update(met=None, detail="no peer measured")
+            if skip or no_peers:
+                t.update(skip or no_peers)
             else:
                 best = max(peers, key=lambda r: r["samples_per_s"])
                 ratio = sf["samples_per_s"] / best["samples_per_s"]
-                t.update(met=ratio >= SPEEDUP_2K,
-                         detail=f"{ratio:.2f}x {best['label']} ({sf['samples_per_s']:,.0f} vs "
-                                f"{best['samples_per_s']:,.0f} samples/s)")
+                _judge(t, ratio >= SPEEDUP_2K, f"{ratio:.2f}x {best['label']} ({sf['samples_per_s']:,.0f} vs "
+                                               f"{best['samples_per_s']:,.0f} samples/s)")
             out.append(t)
 
         if size == "100KiB":
             t = {"target": f"100 KiB: >= {CAT_FRACTION_100K:.0%} of cat bandwidth", "config": where}
-            if not sf_ok:
-                t.update(met=None, detail=not_measured(sf))
+            if skip:
+                t.update(skip)
             elif sf.get("frac_cat") is None:
-                t.update(met=None, detail="no cat measurement")
+                t.update(met=None, result="not measured", detail="no cat measurement")
             else:
-                t.update(met=sf["frac_cat"] >= CAT_FRACTION_100K,
-                         detail=f"{sf['frac_cat']:.1%} of cat ({sf['mb_per_s']:,.0f} of "
-                                f"{report['limits'][size]['mb_per_s']:,.0f} MB/s)")
+                _judge(t, sf["frac_cat"] >= CAT_FRACTION_100K,
+                       f"{sf['frac_cat']:.1%} of cat ({sf['mb_per_s']:,.0f} of "
+                       f"{report['limits'][size]['mb_per_s']:,.0f} MB/s)")
             out.append(t)
 
+        # A too-small pass's peak RSS is judged neither: its prefetch may never have filled.
         t = {"target": "peak RSS <= the leanest peer's", "config": where}
-        if not sf_ok:
-            t.update(met=None, detail=not_measured(sf))
-        elif not peers:
-            t.update(met=None, detail="no peer measured")
+        if skip or no_peers:
+            t.update(skip or no_peers)
         else:
             lean = min(peers, key=lambda r: r["peak_rss_mib"])
-            t.update(met=sf["peak_rss_mib"] <= lean["peak_rss_mib"],
-                     detail=f"{sf['peak_rss_mib']:,.0f} MiB{_anon(sf)} vs {lean['label']} "
-                            f"{lean['peak_rss_mib']:,.0f} MiB{_anon(lean)}")
+            _judge(t, sf["peak_rss_mib"] <= lean["peak_rss_mib"],
+                   f"{sf['peak_rss_mib']:,.0f} MiB{_anon(sf)} vs {lean['label']} "
+                   f"{lean['peak_rss_mib']:,.0f} MiB{_anon(lean)}")
         out.append(t)
 
     for size, shuffle in sorted({(s, sh) for s, _, sh in configs}):
@@ -125,12 +174,13 @@ def targets(report: dict) -> list[dict]:
             more = shardfeed_row(size=size, workers=workers, shuffle=shuffle)
             t = {"target": f"{workers} workers >= 0 workers",
                  "config": f"{size}, shuffle {'on' if shuffle else 'off'}"}
-            if zero is None or more is None or zero["status"] != "ok" or more["status"] != "ok":
-                t.update(met=None, detail=not_measured(more if zero and zero["status"] == "ok" else zero))
+            skip = _unjudged(zero, more)
+            if skip:
+                t.update(skip)
             else:
                 ratio = more["samples_per_s"] / zero["samples_per_s"]
-                t.update(met=ratio >= 1.0, detail=f"{ratio:.2f}x ({more['samples_per_s']:,.0f} vs "
-                                                  f"{zero['samples_per_s']:,.0f} samples/s)")
+                _judge(t, ratio >= 1.0, f"{ratio:.2f}x ({more['samples_per_s']:,.0f} vs "
+                                        f"{zero['samples_per_s']:,.0f} samples/s)")
             out.append(t)
 
     for grown in [r for r in rows if r["role"] == "growth"]:
@@ -138,21 +188,21 @@ def targets(report: dict) -> list[dict]:
         t = {"target": f"peak RSS flat as the dataset grows (<= +{RSS_GROWTH_LIMIT:.0%})",
              "config": f"{grown['size']}, {grown['workers']} workers, {base['count'] if base else '?':,} -> "
                        f"{grown['count']:,} samples"}
-        if base is None or base["status"] != "ok" or grown["status"] != "ok":
-            t.update(met=None, detail=not_measured(grown if base and base["status"] == "ok" else base))
+        skip = _unjudged(base, grown)
+        if skip:
+            t.update(skip)
         else:
             growth = grown["peak_rss_mib"] / base["peak_rss_mib"] - 1
-            t.update(met=growth <= RSS_GROWTH_LIMIT,
-                     detail=f"{base['peak_rss_mib']:,.0f}{_anon(base)} -> {grown['peak_rss_mib']:,.0f} MiB"
-                            f"{_anon(grown)} ({growth:+.1%})")
+            _judge(t, growth <= RSS_GROWTH_LIMIT,
+                   f"{base['peak_rss_mib']:,.0f}{_anon(base)} -> {grown['peak_rss_mib']:,.0f} MiB"
+                   f"{_anon(grown)} ({growth:+.1%})")
         out.append(t)
     return out
 
 
 def targets_table(items: list[dict]) -> str:
-    mark = {True: "met", False: "MISSED", None: "not measured"}
     lines = ["| target | configuration | result | measured |", "|---|---|---|---|"]
-    lines += [f"| {t['target']} | {t['config']} | {mark[t['met']]} | {t['detail'].replace('|', '/')} |"
+    lines += [f"| {t['target']} | {t['config']} | {t['result']} | {t['detail'].replace('|', '/')} |"
               for t in items]
     return "\n".join(lines)
 
@@ -165,12 +215,14 @@ def render(report: dict) -> str:
             f"the first batch (first-batch latency has its own column); MB/s counts payload bytes (1 MB = 1e6 B); "
             f"peak RSS is the whole process tree (main + workers), sampled every 20 ms, mapped file pages "
             f"included (anon = heap only, in the targets). "
-            f"`cat` MB/s counts the shard files' bytes, tar headers included; fraction of cat = MB/s / cat MB/s.")
+            f"`cat` MB/s counts the shard files' bytes, tar headers included; fraction of cat = MB/s / cat MB/s. "
+            f"A pass of fewer than {MIN_BATCHES} batches is too small for a steady state: no rate is shown "
+            f"and no target is judged on it.")
     items = targets(report)
-    met = sum(t["met"] is True for t in items)
-    missed = sum(t["met"] is False for t in items)
-    return "\n\n".join([head, table(report), f"Targets: {met} met, {missed} missed, "
-                        f"{len(items) - met - missed} not measured", targets_table(items)])
+    counts = {r: sum(t["result"] == r for t in items) for r in ("met", "MISSED", "not measured", "not judged")}
+    summary = (f"Targets: {counts['met']} met, {counts['MISSED']} missed, {counts['not measured']} not measured, "
+               f"{counts['not judged']} not judged (too small)")
+    return "\n\n".join([head, table(report), summary, targets_table(items)])
 
 
 def plot_report(report: dict, path: str) -> None:
@@ -191,7 +243,7 @@ def plot_report(report: dict, path: str) -> None:
             values = []
             for workers, shuffle in configs:
                 found = _find(rows, size=size, label=lib, workers=workers, shuffle=shuffle)
-                values.append(found[0].get(metric, 0) if found and found[0]["status"] == "ok" else 0)
+                values.append(found[0].get(metric, 0) if found and _measured(found[0]) else 0)
             ax.bar([i + j * width for i in range(len(configs))], values, width, label=lib)
         limit = report["limits"].get(size)
         if limit:
@@ -201,7 +253,7 @@ def plot_report(report: dict, path: str) -> None:
         ax.set_xticklabels([f"{w} workers\nshuffle {'on' if s else 'off'}" for w, s in configs])
         ax.set_yscale("log")
         ax.set_ylabel(unit + " (log scale)")
-        ax.set_title(f"{size} samples ({report['counts'][size]:,}); missing bar = skipped/failed")
+        ax.set_title(f"{size} samples ({report['counts'][size]:,}); missing bar = skipped/failed/too small")
     axes[0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
