@@ -122,7 +122,15 @@ def collate_column(values: list) -> Any:
         return arr
     if all(isinstance(v, (bytes, bytearray, memoryview, str)) or v is None for v in values):
         return Blob.from_list(values)
-    return list(values)
+    return writable_list(values)
+
+
+def writable_list(values: list) -> list:
+    """The values, read-only arrays among them copied. Why: a decoder may hand
+    over read-only arrays when it expects them stacked (one copy instead of
+    two); left in a list they would reach the user, and torch warns on every
+    read-only array it converts."""
+    return [v.copy() if isinstance(v, np.ndarray) and not v.flags.writeable else v for v in values]
 
 
 def default_collate(samples: list[dict]) -> dict:
@@ -137,7 +145,8 @@ def default_collate(samples: list[dict]) -> dict:
     for name in names:
         vals = [s.get(name) for s in samples]
         out[name] = collate_column(vals) if all(v is not None for v in vals) else (
-            Blob.from_list(vals) if all(isinstance(v, (bytes, str)) or v is None for v in vals) else vals)
+            Blob.from_list(vals) if all(isinstance(v, (bytes, str)) or v is None for v in vals)
+            else writable_list(vals))
     return out
 
 
