@@ -343,6 +343,47 @@ def open_shard(index, i: int, path: str | None = None, verify: bool = True):
     return reader
 
 
+def shard_keys(index, i: int, path: str | None = None) -> list[str]:
+    """The sample keys of shard ``i`` in stored order, without reading payloads.
+
+    Tar: from the sidecar (digest-checked) or the table scanned on open;
+    Parquet/Arrow: the ``__key__`` column alone (validated, page checksums on).
+    For key lookup, which needs every shard's keys but none of their bytes.
+    """
+    info = index.shard(i)
+    path = path or index.path(i)
+    if info.format in ("parquet", "arrow"):
+        keys = _columnar_keys(path, info.format)
+    elif index.tables.get(i) is not None:
+        keys = index.tables[i].keys
+    else:
+        try:
+            keys = read_sidecar(path + SIDECAR_SUFFIX, path)[0].keys
+        except FileNotFoundError:
+            with open_shard(index, i, path) as r:  # no sidecar: scan the tar once
+                keys = r.table.keys
+    if len(keys) != info.samples:
+        raise ShardError(path, f"shard holds {len(keys)} keys but the index says {info.samples} samples")
+    return keys
+
+
+def _columnar_keys(path: str, fmt: str) -> list[str]:
+    try:
+        if fmt == "parquet":
+            col = pq.ParquetFile(path, page_checksum_verification=True).read(columns=["__key__"]).column(0)
+        else:
+            with pa.memory_map(path, "r") as src:
+                col = pa.ipc.open_file(src).read_all().column("__key__")
+        col.validate(full=True)
+        if col.null_count:
+            raise ValueError(f"{col.null_count} null keys")
+        return col.to_pylist()
+    except FileNotFoundError as e:
+        raise ShardError(path, "shard is missing (no such file)") from e
+    except (pa.ArrowException, OSError, ValueError, KeyError) as e:
+        raise ShardError(path, f"{fmt} shard's __key__ column is unreadable: {e}") from e
+
+
 def verify_shard(index, i: int, path: str | None = None) -> None:
     """Check the shard's size, content hash, offsets and every sample checksum."""
     info = index.shard(i)
