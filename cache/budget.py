@@ -132,7 +132,10 @@ class Budget:
                 continue  # PINNED: a reader (in any process) holds it
             try:
                 base = os.path.join(self.data_dir, key)
-                for p in (base, base + SIDECAR, base + NO_SIDECAR):
+                # Every fetcher pins first, so with the pin held exclusively nobody is
+                # inside the fetch lock either: its file can go too (FileLock re-checks
+                # the inode, so a waiter on the old file retries on a new one).
+                for p in (base, base + SIDECAR, base + NO_SIDECAR, os.path.join(self.lock_dir, key + ".fetch")):
                     unlink_quiet(p)
                 pin.unlink_locked()
             finally:

@@ -123,3 +123,12 @@ def test_refused_schemes_name_the_url(url, why):
     with pytest.raises(ShardError, match=why) as err:
         open_source(url)
     assert err.value.shard == url
+
+
+def test_cache_stands_on_formats_only():
+    import subprocess
+    import sys
+
+    code = ("import sys, shardfeed.cache; bad = [m for m in ('torch', 'shardfeed.loader', 'shardfeed.tools') "
+            "if m in sys.modules]; sys.exit(str(bad) if bad else 0)")
+    subprocess.run([sys.executable, "-c", code], check=True)

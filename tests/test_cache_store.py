@@ -177,3 +177,19 @@ def test_orphaned_temporary_is_reclaimed(tmp_path):
     assert cache.used_bytes() == 900
     cache.get(src)
     assert cache.used_bytes() == 600
+
+
+def test_eviction_removes_the_entry_lock_files(tmp_path):
+    urls = _files(str(tmp_path / "src"), 6)
+    cache = ShardCache(str(tmp_path / "c"), 200, fetch=FAST)
+    for u in urls:
+        cache.get(u)
+    assert len(os.listdir(cache.data_dir)) == 2
+    assert len(os.listdir(cache.lock_dir)) == 4  # .pin and .fetch of the two entries left
+
+
+def test_cache_error_survives_pickling():
+    import pickle
+
+    err = pickle.loads(pickle.dumps(CacheLimitError("/c", "too small", 123)))
+    assert (err.shard, err.reason, err.needed_bytes) == ("/c", "too small", 123)
