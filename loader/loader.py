@@ -120,6 +120,7 @@ class Loader:
         feed.reset(self._pos)
         self.dataset.image_size = feed.stage().image_size
         st = self._stats
+        st.start_epoch(self.epoch, fresh=self._pos["step"] == 0)
         st.started = time.perf_counter()
         try:
             source = self._local_batches(feed) if self.num_workers == 0 else self._worker_batches(feed)
@@ -166,6 +167,8 @@ class Loader:
         items = iter(feed)
         while True:
             while len(pending) < P * W:
+                if pending and not getattr(feed, "ready", _always)():
+                    break  # a followed stream: hand out what is made rather than wait for new data
                 item = next(items, None)
                 if item is None:
                     break
@@ -220,9 +223,11 @@ class Loader:
 
     # -- stats and lifecycle ---------------------------------------------
     def stats(self) -> dict:
-        """samples, batches, samples_per_s, wait_s (data stall), stall_fraction,
-        read_s/decode_s/collate_s (summed over workers), transfer_s, bytes_read,
-        errors_skipped."""
+        """Counters of this epoch (``["epoch"]``) and of the Loader's life
+        (``["total"]``, also the flat keys): samples, batches, samples_per_s,
+        wait_s (data stall), stall_fraction, read_s/decode_s/collate_s (summed
+        over workers), transfer_s, bytes_read, errors_skipped. Prints as two
+        readable lines."""
         return self._stats.snapshot()
 
     def close(self) -> None:
@@ -267,9 +272,15 @@ class MakerFactory:
         loading them from numba's cache, and the batches of the worker that
         starts second wait behind that on the consumer's path."""
         maker.reader.warm()
+        if getattr(self.dataset, "follow", False):
+            return  # a stream has no fixed plan to warm
         plan = self.dataset.unbatched_plan()
         if plan.num_samples:
             plan.positions(0, 1)
+
+
+def _always() -> bool:
+    return True
 
 
 def _current_exc():
