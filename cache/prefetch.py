@@ -35,11 +35,11 @@ class Prefetcher:
     ``refs``: ShardRef, URL, or (url, hash, size) tuples in order of next use;
     sizes (from the index) make the byte window exact; an unknown size counts
     as 0 until fetched. ``first_step``: the step of ``refs[0]`` in the cache's
-    lookahead.
+    lookahead; ``plan_len``: how many upcoming shards the cache's plan holds.
     """
 
     def __init__(self, cache: ShardCache, refs, max_ahead_bytes: int, threads: int = 2, *,
-                 sidecar: bool = False, first_step: int = 0):
+                 sidecar: bool = False, first_step: int = 0, plan_len: int = 4096):
         self.cache = cache
         self.refs = [_ref(r) for r in refs]
         self.max_ahead_bytes = int(max_ahead_bytes)
@@ -48,6 +48,7 @@ class Prefetcher:
         # the consumer holds one shard while the window fills: both must fit at once
         cache.reserve(self.max_ahead_bytes + biggest)
         self.first_step = first_step
+        self.plan_len = plan_len
         self._publish_plan(0)
         self._cv = threading.Condition()
         self._pos = 0  # consumer's position: refs before it are done with
@@ -63,7 +64,10 @@ class Prefetcher:
     def _publish_plan(self, pos: int) -> None:
         # Shards behind the consumer leave the plan, so they become the first
         # to evict (a shard used again later stays, at its next position).
-        self.cache.set_lookahead((r, self.first_step + k) for k, r in enumerate(self.refs[pos:], start=pos))
+        # Only the next ``plan_len`` go to the cache: it is rewritten at each
+        # advance, and anything further away is evicted first anyway.
+        upcoming = self.refs[pos:pos + self.plan_len]
+        self.cache.set_lookahead((r, self.first_step + k) for k, r in enumerate(upcoming, start=pos))
 
     def __len__(self) -> int:
         return len(self.refs)
