@@ -3,7 +3,9 @@
 A shard's life: OPEN (``*.tmp-PID``, never listed) -> sidecar written ->
 renamed to its final name -> listed in the index (at close) or committed to
 the log at once (``append=True``). A crash leaves only temp files, never a
-half-written shard under a published name.
+half-written shard under a published name; a shard renamed but killed before
+its commit is a file no reader lists (readers go by the index and log, never
+by the folder).
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ import xxhash
 import zstandard
 
 from shardfeed.formats.codecs import codec_of, encode_field
+from shardfeed.formats.commit_log import end_stream, publish
 from shardfeed.formats.errors import ShardError
-from shardfeed.formats.index import INDEX_NAME, LOG_DIR, ShardInfo, open_index, publish, write_index
+from shardfeed.formats.index import INDEX_NAME, LOG_DIR, ShardInfo, write_index
 from shardfeed.formats.readers import hash_file
 from shardfeed.formats.sidecar import SIDECAR_SUFFIX, SampleTable, sample_checksum, write_sidecar
 from shardfeed.formats.tar import END_OF_ARCHIVE, member_header, padding
@@ -298,6 +301,17 @@ class ShardWriter:
             self._finish_shard()
         if not self.append:
             write_index(self.root, self.shards, self.fields)
+
+    def end_stream(self) -> int:
+        """Publish the shard in progress, then the commit that ends the growing
+        dataset (followers end their iteration there, all at the same step);
+        closes the writer. Returns the end's sequence number. ShardError if
+        another writer ended the stream first."""
+        if not self.append:
+            raise ValueError(f"{self.root}: end_stream() ends a growing dataset; open the writer with "
+                             "append=True (a dataset written without it is complete at close())")
+        self.close()
+        return end_stream(self.root)
 
     def abort(self) -> None:
         """Drop the shard in progress; finished shards stay, no index is written."""

@@ -18,11 +18,13 @@ import torch.utils.data
 
 from shardfeed.formats import ShardError, open_index
 from shardfeed.formats.batch import check_read_mode
+from shardfeed.formats.commit_log import open_stream_index
 from shardfeed.loader import state as _state
 from shardfeed.loader import topology as _topology
 from shardfeed.loader.batcher import BatchMaker
 from shardfeed.loader.errors import ErrorPolicy
 from shardfeed.loader.feed import EpochFeed
+from shardfeed.loader.follow import IDLE_TIMEOUT_S, POLL_S, FollowFeed, FollowMaker
 from shardfeed.loader.schedule import BatchSchedule
 from shardfeed.shuffling import Order
 from shardfeed.shuffling.spec import Job, PlanSpec
@@ -62,15 +64,24 @@ class ShardDataset(torch.utils.data.IterableDataset):
     truncated while a batch is being copied from it kills the process with
     SIGBUS (a shard found short before a batch is an error as in pread mode).
 
+    follow: read a dataset that grows while it is read (a folder written by
+    ``ShardWriter(append=True)``): a Loader delivers every published sample
+    once across ranks, in commit order dealt in global batches (shuffled
+    inside each unless ``shuffle="none"``), waits for new commits (polling
+    every ``poll_s``; ShardError after ``idle_timeout_s`` without one) and
+    ends at the end commit (``ShardWriter.end_stream()``); see
+    loader/follow.py for the dealing and end rules. The whole stream is one
+    epoch; ``len()`` is undefined.
+
     Not yet available (they raise NotImplementedError): remote URLs and
-    ``cache_dir``/``cache_limit_bytes`` (shardfeed.cache), ``follow=True``
-    (streaming).
+    ``cache_dir``/``cache_limit_bytes`` (shardfeed.cache).
     """
 
     def __init__(self, source, shuffle="global", seed: int = 0, cache_dir=None, cache_limit_bytes=None,
                  decode: bool = True, transform: Callable | None = None, rank: int | None = None,
                  world_size: int | None = None, drop_last: bool = False, follow: bool = False,
-                 on_error: str = "raise", locality: bool = False, read_mode: str = "pread"):
+                 on_error: str = "raise", locality: bool = False, read_mode: str = "pread",
+                 poll_s: float = POLL_S, idle_timeout_s: float = IDLE_TIMEOUT_S):
         super().__init__()
         source = os.fspath(source) if not isinstance(source, str) else source
         if "://" in source and not source.startswith("file://"):
@@ -80,9 +91,6 @@ class ShardDataset(torch.utils.data.IterableDataset):
             raise NotImplementedError(f"cache_dir={cache_dir!r}, cache_limit_bytes={cache_limit_bytes!r}: the "
                                       "node-local shard cache is not wired into the loader yet; local datasets "
                                       "need no cache, so leave both None")
-        if follow:
-            raise NotImplementedError("follow=True (reading a dataset while it grows) is not implemented yet; "
-                                      "pass follow=False to read the dataset's committed shards")
         if transform is not None and not callable(transform):
             raise TypeError(f"transform must be callable, got {transform!r}")
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
@@ -101,8 +109,16 @@ class ShardDataset(torch.utils.data.IterableDataset):
         self.on_error = on_error
         self.policy = ErrorPolicy(on_error)
         self.topology = _topology.detect(rank, world_size)
-        self.index = open_index(source)
-        if self.index.num_samples == 0:
+        self.follow = bool(follow)
+        self.poll_s, self.idle_timeout_s = poll_s, idle_timeout_s
+        if self.follow:
+            if locality:
+                raise ValueError("locality=True is not available with follow=True (a stream is dealt by "
+                                 "global batch in commit order); drop one of them")
+            self.index = open_stream_index(_local_folder(source))[0]  # may be empty: samples come later
+        else:
+            self.index = open_index(source)
+        if self.index.num_samples == 0 and not self.follow:
             raise ShardError(self.index.root, "dataset holds no samples")
         self.epoch = 0
         self.image_size: int | None = None  # set by a Loader's schedule
@@ -132,25 +148,37 @@ class ShardDataset(torch.utils.data.IterableDataset):
 
     def fingerprint(self) -> dict:
         """Plain data naming the data and the shuffle; a saved position applies only to the same."""
+        if self.follow:  # a stream's size changes; what it is dealt by does not
+            return {"follow": True, "order": self.order.value, "seed": self.seed, "drop_last": self.drop_last}
         return _state.fingerprint(self)
 
-    def feed(self, schedule: BatchSchedule) -> EpochFeed:
-        """This rank's epoch feed under ``schedule`` (what a Loader reads from)."""
+    def feed(self, schedule: BatchSchedule) -> EpochFeed | FollowFeed:
+        """This rank's feed under ``schedule`` (what a Loader reads from):
+        epochs of a fixed dataset, or the stream of a followed one."""
         t = self.topology
+        if self.follow:
+            return FollowFeed(self.index.root, schedule, t.rank, t.world_size, seed=self.seed,
+                              shuffle=self.order is not Order.NONE, drop_last=self.drop_last,
+                              ranks_per_node=t.ranks_per_node, fingerprint=self.fingerprint(),
+                              poll_s=self.poll_s, idle_timeout_s=self.idle_timeout_s)
         return EpochFeed(self.spec, schedule, t.rank, t.world_size, t.ranks_per_node, self.fingerprint(),
                          epoch=self.epoch)
 
     def unbatched_plan(self, epoch: int | None = None):
         """This rank's plan for reading sample by sample (a plain torch DataLoader, ``len()``)."""
         t = self.topology
+        if self.follow:
+            raise TypeError(f"{self.source}: a followed dataset has no fixed plan or length (it grows until its "
+                            "end commit); read it through shardfeed.loader.Loader")
         return self.spec.plan(self.epoch if epoch is None else epoch, Job(t.world_size, None, t.ranks_per_node), t.rank)
 
     def __len__(self) -> int:
         return self.unbatched_plan().num_samples
 
-    def maker(self, collate_fn: Callable | None = None, decode: bool | None = None) -> BatchMaker:
-        return BatchMaker(self.index, decode=self.decode if decode is None else decode, transform=self.transform,
-                          collate_fn=collate_fn, policy=self.policy, read_mode=self.read_mode)
+    def maker(self, collate_fn: Callable | None = None, decode: bool | None = None) -> BatchMaker | FollowMaker:
+        maker = BatchMaker(self.index, decode=self.decode if decode is None else decode, transform=self.transform,
+                           collate_fn=collate_fn, policy=self.policy, read_mode=self.read_mode)
+        return FollowMaker(maker, self.index.root) if self.follow else maker
 
     # -- iteration (sample dicts, for a plain torch DataLoader) ---------
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -172,6 +200,14 @@ class ShardDataset(torch.utils.data.IterableDataset):
                 f"{'locality=True, ' if self.locality else ''}"
                 f"{'read_mode=' + repr(self.read_mode) + ', ' if self.read_mode != 'pread' else ''}"
                 f"rank={self.rank}/{self.world_size}, samples={self.index.num_samples})")
+
+
+def _local_folder(source: str) -> str:
+    folder = source.removeprefix("file://")
+    if not os.path.isdir(folder):
+        raise ShardError(source, "follow=True needs the folder of a growing dataset (ShardWriter(append=True)); "
+                                 "no such folder")
+    return folder
 
 
 def _as_samples(samples: list[dict]) -> list[dict]:

@@ -146,8 +146,6 @@ def test_rank_and_world_size_from_the_environment(make_dataset, monkeypatch):
 
 def test_arguments_of_later_issues_are_refused_clearly(make_dataset):
     root = make_dataset(10, shard_samples=10)
-    with pytest.raises(NotImplementedError, match="follow"):
-        ShardDataset(root, follow=True)
     with pytest.raises(NotImplementedError, match="cache"):
         ShardDataset(root, cache_dir="/tmp/x")
     with pytest.raises(NotImplementedError, match="remote"):
