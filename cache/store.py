@@ -22,7 +22,10 @@ stale cache never serves old bytes and two jobs over the same data share it;
 
 The byte budget counts complete entries and in-flight temporaries; making
 room and creating a temporary happen under one node-wide lock
-(``.cache.lock``), so concurrent fetches never overshoot it together.
+(``.cache.lock``), so concurrent fetches never overshoot it together
+(budget.py). Counters (``stats()``) are this process's: hits, misses,
+bytes_fetched, evictions, wait_s (on other fetchers and full budgets),
+fetch_s, errors.
 """
 
 from __future__ import annotations
