@@ -16,6 +16,8 @@ import argparse
 import importlib
 import sys
 
+from shardfeed.tools.text import HelpFormatter
+
 BENCHES = {
     "read": ("shardfeed.tools.bench_read", "read throughput of shardfeed and its peers, side by side"),
     "shuffle": ("shardfeed.tools.bench_shuffle", "shuffle quality against peers"),
@@ -40,9 +42,11 @@ def _add_out(parser: argparse.ArgumentParser) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = __doc__.strip()
     sub = parser.add_subparsers(dest="bench", required=True, metavar="{read,shuffle,formats,all}")
     for name, (_, help_text) in BENCHES.items():
-        p = sub.add_parser(name, help=help_text)
+        # a benchmark's own add_arguments may set a longer description
+        p = sub.add_parser(name, help=help_text, description=help_text, formatter_class=HelpFormatter)
         mod = _load(name)
         if mod is None:
             p.description = f"{help_text} (not built in this checkout)"
@@ -50,7 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         else:
             mod.add_arguments(p)
         _add_out(p)
-    p = sub.add_parser("all", help="run every benchmark with its defaults")
+    p = sub.add_parser("all", help="run every benchmark with its defaults", formatter_class=HelpFormatter,
+                       description="Run every benchmark with its defaults, one after the other, into --out;\n"
+                                   "one that fails does not stop the others.")
     _add_out(p)
     p.add_argument("--quick", action="store_true", help="pass --quick to the benchmarks that take it")
 

@@ -10,6 +10,8 @@ import argparse
 import importlib
 import sys
 
+from shardfeed.tools.text import HelpFormatter
+
 # name -> (module, one-line help)
 COMMANDS = {
     "convert": ("shardfeed.tools.convert", "convert images/JSONL/CSV/Parquet/tars into shards"),
@@ -31,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
             if e.name != module:
                 raise
             continue  # subcommand not built yet in this checkout
-        p = sub.add_parser(name, help=help_text)
+        # the one-line help doubles as the description; a module may set a longer one
+        p = sub.add_parser(name, help=help_text, description=help_text, formatter_class=HelpFormatter)
         p.set_defaults(_module=module)
         mod.add_arguments(p)
     return parser
