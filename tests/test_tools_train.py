@@ -46,3 +46,42 @@ def test_demo_without_training_reads_every_label_back(tmp_path):
     assert "train: wrote 300 samples in 5 shards" in out.stdout
     assert re.search(r"read 300 samples back through Loader, 2 workers, global shuffle, decoding PNG: "
                      r"[\d,]+ samples/s \([\d,]+ in the first epoch.*\), every label checked", out.stdout), out.stdout
+
+
+def _train(*argv):
+    return subprocess.run([EXE, "train", *map(str, argv)], capture_output=True, text=True, timeout=120)
+
+
+def _assert_one_line_error(out, *words):
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("shardfeed train: error: "), out.stderr
+    assert "Traceback" not in out.stderr and out.stdout == ""
+    for w in words:
+        assert w in lines[0], lines[0]
+
+
+def test_train_on_missing_folder_is_one_line_rc_2_before_spawning(tmp_path):
+    """It printed the error once per rank, then torch.multiprocessing's 30-line traceback, rc 1."""
+    _assert_one_line_error(_train(tmp_path / "nope"), str(tmp_path / "nope"), "not found")
+
+
+def test_train_on_data_without_image_and_cls_names_what_it_has(tmp_path):
+    with ShardWriter(str(tmp_path / "text"), max_shard_samples=10) as w:
+        for i in range(20):
+            w.write({"__key__": f"{i:04d}", "txt": f"line {i}", "json": {"i": i}})
+    _assert_one_line_error(_train(tmp_path / "text"), str(tmp_path / "text"), "image field", "cls field",
+                           "txt, json")
+
+
+def test_train_checks_eval_data_and_options_too(tmp_path):
+    _write(tmp_path / "train", 40, 0)
+    _assert_one_line_error(_train(tmp_path / "train", "--eval-data", tmp_path / "gone"), str(tmp_path / "gone"))
+    with ShardWriter(str(tmp_path / "nolabel"), max_shard_samples=10) as w:
+        for s in image_samples(20, 2, 8, seed=0):
+            s.pop("cls")
+            w.write(s)
+    out = _train(tmp_path / "nolabel")
+    _assert_one_line_error(out, "cls field")
+    assert "image field" not in out.stderr  # it has one: only the missing field is named
+    _assert_one_line_error(_train(tmp_path / "train", "--ranks", "0"), "--ranks 0")
