@@ -6,6 +6,10 @@ import csv
 import io
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -279,3 +283,99 @@ def test_ctrl_c_mid_conversion_publishes_nothing(image_folder, tmp_path, monkeyp
     assert run(src, tmp_path / "out", "--max-shard-samples", 3) == 130
     assert "interrupted" in capsys.readouterr().err
     assert sorted(os.listdir(tmp_path)) == ["images"]
+
+
+# --- interrupts, stale staging folders, --overwrite (issue: a fresh user's trial) ---------------
+
+SHARDFEED = os.path.join(os.path.dirname(sys.executable), "shardfeed")
+
+
+def _stages(folder) -> list[str]:
+    return sorted(n for n in os.listdir(folder) if ".convert-" in n or ".old-" in n)
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("processes", [1, 2])
+def test_sigterm_mid_conversion_removes_stage_and_exits_143(tmp_path, processes):
+    """SIGTERM (kill, a scheduler) used to leave the hidden staging folder behind for good."""
+    rows = "".join(json.dumps({"i": i, "t": "x" * 100}) + "\n" for i in range(80_000))
+    (tmp_path / "big.jsonl").write_text(rows)
+    proc = subprocess.Popen([SHARDFEED, "convert", "-q", str(tmp_path / "big.jsonl"), str(tmp_path / "out"),
+                             "--max-shard-samples", "500", "--processes", str(processes)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not any(f.endswith(".tar") for _, _, fs in os.walk(tmp_path) for f in fs):  # a shard is being staged
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    assert _stages(tmp_path)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert "stopped by SIGTERM; nothing was written" in err
+    assert sorted(os.listdir(tmp_path)) == ["big.jsonl"]
+
+
+def test_stale_stage_of_dead_run_is_removed_live_one_kept(tmp_path, capsys):
+    from shardfeed.tools.convert_job import _host
+
+    (tmp_path / "a.jsonl").write_text('{"v": 1}\n')
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        dead = tmp_path / f".old-data.convert-{_host()}-{_dead_pid()}"
+        alive = tmp_path / f".other.convert-{_host()}-{live.pid}"
+        remote = tmp_path / f".other.convert-some-other-host-{_dead_pid()}"
+        for stage in (dead, alive, remote):
+            (stage / "part-000").mkdir(parents=True)
+            (stage / "part-000" / "shard-000000.tar").write_bytes(b"\0" * 1024)
+        assert run(tmp_path / "a.jsonl", tmp_path / "out") == 0
+        assert f"removed {dead}" in capsys.readouterr().err
+        assert not dead.exists()
+        assert alive.exists() and remote.exists()  # a live run's stage, and one we cannot judge
+        assert (tmp_path / "out" / "index.arrow").exists()
+    finally:
+        live.kill()
+        live.wait()
+
+
+def test_overwrite_refuses_folder_that_is_not_a_dataset(tmp_path, capsys):
+    """--overwrite onto a folder of the user's own files deleted them."""
+    (tmp_path / "a.jsonl").write_text('{"v": 1}\n')
+    mine = tmp_path / "out" / "thesis.tex"
+    mine.parent.mkdir()
+    mine.write_text("three years of work")
+    assert run(tmp_path / "a.jsonl", tmp_path / "out", "--overwrite") == 2
+    err = capsys.readouterr().err
+    assert str(tmp_path / "out") in err and "not a shardfeed dataset" in err and "thesis.tex" in err
+    assert mine.read_text() == "three years of work"
+    assert sorted(os.listdir(tmp_path)) == ["a.jsonl", "out"]
+    (tmp_path / "file").write_text("not a folder")
+    assert run(tmp_path / "a.jsonl", tmp_path / "file", "--overwrite") == 2
+    assert "is a file" in capsys.readouterr().err
+    assert (tmp_path / "file").read_text() == "not a folder"
+
+
+def test_overwrite_replaces_empty_folder_and_dataset(tmp_path):
+    (tmp_path / "a.jsonl").write_text('{"v": 1}\n')
+    (tmp_path / "empty").mkdir()
+    assert run(tmp_path / "a.jsonl", tmp_path / "empty", "--overwrite") == 0
+    assert run(tmp_path / "a.jsonl", tmp_path / "empty", "--overwrite") == 0  # now a dataset
+    assert len(read_all(str(tmp_path / "empty"))) == 1
+    assert _stages(tmp_path) == []
+
+
+def test_signal_during_publish_is_deferred(tmp_path):
+    """An interrupt between moving the old dataset aside and renaming the stage would leave no DST."""
+    from shardfeed.tools.convert import _stop_on_signals
+    from shardfeed.tools.convert_job import _SignalsHeld
+
+    with _stop_on_signals():
+        with _SignalsHeld() as held:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)  # the handler would run here
+        assert held.caught == [signal.SIGTERM]

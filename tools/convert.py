@@ -1,15 +1,24 @@
 """`shardfeed convert SRC DST`: images, JSONL, CSV, Parquet or WebDataset tars -> a shardfeed dataset.
 
 Exit codes: 0 done; 2 bad input or options (the message names the file and
-the reason; nothing is published at DST); 130 interrupted (nothing published).
+the reason; nothing is published at DST); 130 interrupted by SIGINT (Ctrl-C),
+143 stopped by SIGTERM: 128 + the signal's number, as a shell reports a process
+the signal killed. Either way the staging folder is removed and nothing is
+published; a second signal while cleaning up ends the process at once, and the
+next run removes what it left.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import signal
 import sys
+import threading
 
 from shardfeed.tools.byte_sizes import human_bytes, parse_size
+from shardfeed.tools.text import plural, show_progress
 
 _PARQUET_CODECS = ("none", "snappy", "gzip", "brotli", "lz4", "zstd")
 
@@ -66,6 +75,35 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM, raised where the conversion is so its cleanup runs."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _interrupt(signum, _frame):
+    # A second signal during the cleanup takes the default action (ends the process).
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, signal.SIG_DFL)
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def _stop_on_signals():
+    """SIGTERM (kill, a job scheduler, docker stop) cleans up like Ctrl-C does."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set from the main thread
+        return
+    old = {s: signal.signal(s, _interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
 def _options(args):
     from shardfeed.tools.convert_job import ConvertOptions
 
@@ -110,21 +148,33 @@ def main(args) -> int:
     except (ValueError, ShardError) as e:
         print(f"shardfeed convert: error: {e}", file=sys.stderr)
         return 2
+    _report_stale(args.dst)
     print(f"reading {args.src}: {source.describe()}", file=sys.stderr)
-    bar = tqdm(total=len(source), unit="sample", unit_scale=True, desc="convert", disable=args.quiet or None,
-               file=sys.stderr)
+    bar = tqdm(total=len(source), unit="sample", unit_scale=True, desc="convert",
+               disable=not show_progress(args.quiet), file=sys.stderr)
     try:
-        result = convert(source, args.dst, opts, bar.update)
+        with _stop_on_signals():
+            result = convert(source, args.dst, opts, bar.update)
     except ShardError as e:
         bar.close()
         print(f"shardfeed convert: error: {e}\nnothing was written to {args.dst}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         bar.close()
-        print(f"shardfeed convert: interrupted; nothing was written to {args.dst}", file=sys.stderr)
-        return 130
+        signum = getattr(e, "signum", signal.SIGINT)
+        how = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+        print(f"shardfeed convert: {how}; nothing was written to {args.dst}", file=sys.stderr)
+        return 128 + signum
     bar.close()
     mb_s = result.bytes / 1e6 / max(result.seconds, 1e-9)
-    print(f"converted {result.samples:,} samples into {result.shards:,} {opts.format} shards, "
+    print(f"converted {plural(result.samples, 'sample')} into {plural(result.shards, opts.format + ' shard')}, "
           f"{human_bytes(result.bytes)} in {result.seconds:.2f} s ({mb_s:.1f} MB/s) -> {result.root}")
     return 0
+
+
+def _report_stale(dst: str) -> None:
+    """Remove what killed runs left beside DST, and say so (it may have been big)."""
+    from shardfeed.tools.convert_job import remove_stale_stages
+
+    for path in remove_stale_stages(os.path.dirname(os.path.abspath(dst))):
+        print(f"removed {path}, left by a conversion that is no longer running", file=sys.stderr)
