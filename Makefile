@@ -1,5 +1,7 @@
 # Both targets set up .venv on first use: a CPU torch when none is importable,
-# then shardfeed editable with its test extras.
+# then shardfeed editable with its test extras. Each step says what it does
+# (the first run takes a minute or two); pip itself stays quiet. A torch that is
+# already importable is kept: the editable install does not upgrade it.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -11,10 +13,17 @@ TORCH_SPEC ?= torch==2.13.0
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --disable-pip-version-check -q "$(TORCH_SPEC)"
-	$(PY) -m pip install --disable-pip-version-check -q -e ".[test]"
-	touch $(STAMP)
+	@test -x $(PY) || { echo "setup: creating $(VENV) with $(PYTHON)"; $(PYTHON) -m venv $(VENV); }
+	@if V=$$($(PY) -c "import torch; print(torch.__version__)" 2>/dev/null); then \
+		echo "setup: keeping torch $$V found in $(VENV)"; \
+	else \
+		echo "setup: installing $(TORCH_SPEC) into $(VENV) (the slow step: a large download)"; \
+		$(PY) -m pip install --disable-pip-version-check -q "$(TORCH_SPEC)"; \
+	fi
+	@echo "setup: installing shardfeed (editable) with its test extras into $(VENV)"
+	@$(PY) -m pip install --disable-pip-version-check -q -e ".[test]"
+	@touch $(STAMP)
+	@echo "setup: $(VENV) is ready"
 
 test: $(STAMP)
 	$(PY) -m pytest -q -ra
