@@ -178,6 +178,6 @@ def pin_in_child(cache_dir: str, limit: int, url: str, pinned_path: str, release
 
     with ShardCache(cache_dir, limit).hold(url):
         open(pinned_path, "w").close()
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 240
         while not os.path.exists(release_path) and time.monotonic() < deadline:
             time.sleep(0.01)

@@ -89,8 +89,10 @@ def test_entry_pinned_by_another_process_is_not_evicted(tmp_path):
     child = mp.get_context("spawn").Process(target=pin_in_child, args=(cdir, 200, urls[0], pinned, release))
     child.start()
     try:
-        deadline = time.monotonic() + 60
-        while not os.path.exists(pinned) and time.monotonic() < deadline:
+        deadline = time.monotonic() + 180  # spawn imports numpy/pyarrow: slow on a loaded machine
+        while not os.path.exists(pinned):
+            if not child.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"pinning child did not start (exit code {child.exitcode})")
             time.sleep(0.01)
         cache = ShardCache(cdir, 200, fetch=FAST, wait_timeout_s=0.3)
         cache.get(urls[1])
@@ -122,8 +124,11 @@ def test_two_processes_download_once(tmp_path):
         with ctx.Pool(2) as pool:
             results = [pool.apply_async(fetch_in_child, (str(tmp_path / "c"), 10 << 20, url, h, start))
                        for _ in range(2)]
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + 180  # spawn imports numpy/pyarrow: slow on a loaded machine
             while len([n for n in os.listdir(tmp_path) if n.startswith("go.ready-")]) < 2:
+                for r in results:
+                    if r.ready():
+                        r.get()  # a child failed before the barrier: show its error
                 if time.monotonic() > deadline:
                     raise TimeoutError("children did not start")
                 time.sleep(0.01)
