@@ -71,7 +71,9 @@ class ShardDataset(torch.utils.data.IterableDataset):
     every ``poll_s``; ShardError after ``idle_timeout_s`` without one) and
     ends at the end commit (``ShardWriter.end_stream()``); see
     loader/follow.py for the dealing and end rules. The whole stream is one
-    epoch; ``len()`` is undefined.
+    epoch; ``len()`` is undefined. ``replay`` (a fraction in [0, 1)) fills
+    that share of each global batch with older samples, drawn from the last
+    ``window`` commits (None: all history), deterministically from the seed.
 
     Not yet available (they raise NotImplementedError): remote URLs and
     ``cache_dir``/``cache_limit_bytes`` (shardfeed.cache).
@@ -81,7 +83,8 @@ class ShardDataset(torch.utils.data.IterableDataset):
                  decode: bool = True, transform: Callable | None = None, rank: int | None = None,
                  world_size: int | None = None, drop_last: bool = False, follow: bool = False,
                  on_error: str = "raise", locality: bool = False, read_mode: str = "pread",
-                 poll_s: float = POLL_S, idle_timeout_s: float = IDLE_TIMEOUT_S):
+                 poll_s: float = POLL_S, idle_timeout_s: float = IDLE_TIMEOUT_S, replay: float = 0.0,
+                 window: int | None = None):
         super().__init__()
         source = os.fspath(source) if not isinstance(source, str) else source
         if "://" in source and not source.startswith("file://"):
@@ -111,6 +114,10 @@ class ShardDataset(torch.utils.data.IterableDataset):
         self.topology = _topology.detect(rank, world_size)
         self.follow = bool(follow)
         self.poll_s, self.idle_timeout_s = poll_s, idle_timeout_s
+        self.replay, self.window = replay, window
+        if (replay or window is not None) and not self.follow:
+            raise ValueError(f"replay={replay!r}/window={window!r} mix older samples into a followed stream; "
+                             "pass follow=True or leave them at 0.0/None")
         if self.follow:
             if locality:
                 raise ValueError("locality=True is not available with follow=True (a stream is dealt by "
@@ -149,7 +156,8 @@ class ShardDataset(torch.utils.data.IterableDataset):
     def fingerprint(self) -> dict:
         """Plain data naming the data and the shuffle; a saved position applies only to the same."""
         if self.follow:  # a stream's size changes; what it is dealt by does not
-            return {"follow": True, "order": self.order.value, "seed": self.seed, "drop_last": self.drop_last}
+            return {"follow": True, "order": self.order.value, "seed": self.seed, "drop_last": self.drop_last,
+                    "replay": self.replay, "window": self.window}
         return _state.fingerprint(self)
 
     def feed(self, schedule: BatchSchedule) -> EpochFeed | FollowFeed:
@@ -160,7 +168,8 @@ class ShardDataset(torch.utils.data.IterableDataset):
             return FollowFeed(self.index.root, schedule, t.rank, t.world_size, seed=self.seed,
                               shuffle=self.order is not Order.NONE, drop_last=self.drop_last,
                               ranks_per_node=t.ranks_per_node, fingerprint=self.fingerprint(),
-                              poll_s=self.poll_s, idle_timeout_s=self.idle_timeout_s)
+                              poll_s=self.poll_s, idle_timeout_s=self.idle_timeout_s, replay=self.replay,
+                              window=self.window)
         return EpochFeed(self.spec, schedule, t.rank, t.world_size, t.ranks_per_node, self.fingerprint(),
                          epoch=self.epoch)
 

@@ -21,6 +21,12 @@ function of the commit log's prefix, so ranks agree without messages:
   world_size-1, the epoch rule). With ``drop_last=True`` the tail is not
   delivered (at most G-1 samples). Then next() raises StopIteration on every
   rank at the same step.
+- Replay (``replay`` fraction, ``window`` commits), for incremental
+  training: each full global batch holds ``per = G - round(replay*G)`` new
+  stream samples (each new sample still comes once) and ``G - per`` older
+  ones drawn from the samples before them within the last ``window``
+  commits (all history when None), deterministic from (seed, the batch's
+  first new id), so resume is exact. The tail carries only new samples.
 - Waiting polls the log every ``poll_s``; when no commit arrives for
   ``idle_timeout_s`` it raises ShardError naming the dataset and the wait,
   never a silent end (ranks could see a timeout differently; an end commit
@@ -53,6 +59,17 @@ IDLE_TIMEOUT_S = 600.0
 _LOOKAHEAD_STEPS = 4096  # steps one lookahead call may scan (bounds its cost)
 
 
+class IdsPlan:
+    """Explicit ids of one step (a replay step, whose old samples depend on the
+    log): positions [0, len) of this step."""
+
+    def __init__(self, ids: np.ndarray):
+        self.ids = np.asarray(ids, np.int64)
+
+    def positions(self, start: int, stop: int) -> np.ndarray:
+        return self.ids[start:stop]
+
+
 class StreamPlan:
     """Rank ``rank``'s positions -> stream sample ids, for the job that starts
     at stream position ``base``. Pure arithmetic, pickled once to workers.
@@ -60,13 +77,14 @@ class StreamPlan:
     only once the end is committed)."""
 
     def __init__(self, base: int, batch_sizes: tuple[int, ...], rank: int, seed: int, shuffle: bool,
-                 full: int | None = None, tail: int = 0):
+                 full: int | None = None, tail: int = 0, per: int | None = None):
         self.base, self.batch_sizes, self.rank = int(base), tuple(batch_sizes), int(rank)
         self.seed, self.shuffle = int(seed), bool(shuffle)
         self.G = sum(self.batch_sizes)
         self.bs = self.batch_sizes[rank]
         self.pre = sum(self.batch_sizes[:rank])
         self.full, self.tail = full, int(tail)  # full: global batches before the tail (known at the end)
+        self.per = self.G if per is None else int(per)  # new stream samples per full global batch
         self.shares = tail_shares(self.tail, self.batch_sizes) if self.tail else None
 
     def _perm(self, start: int, n: int) -> np.ndarray | None:
@@ -82,7 +100,7 @@ class StreamPlan:
             g, j = divmod(k, self.bs)
             if self.full is not None and g >= self.full:
                 # the tail: this rank's share of the last short global batch
-                first = self.base + self.full * self.G
+                first = self.base + self.full * self.per
                 lo, n = self.shares[self.rank]
                 m = min(stop - k, max(n, 1) - j)
                 # a rank with no share repeats one tail sample (padding, only when tail < world size)
@@ -191,7 +209,8 @@ class FollowFeed:
 
     def __init__(self, root: str, schedule: BatchSchedule, rank: int, world_size: int, seed: int = 0,
                  shuffle: bool = True, drop_last: bool = False, ranks_per_node: int | None = None,
-                 fingerprint: dict | None = None, poll_s: float = POLL_S, idle_timeout_s: float = IDLE_TIMEOUT_S):
+                 fingerprint: dict | None = None, poll_s: float = POLL_S, idle_timeout_s: float = IDLE_TIMEOUT_S,
+                 replay: float = 0.0, window: int | None = None):
         if not poll_s > 0 or not idle_timeout_s > 0:
             raise ValueError(f"poll_s={poll_s!r} and idle_timeout_s={idle_timeout_s!r} must be > 0 seconds")
         self.root = root
@@ -200,6 +219,12 @@ class FollowFeed:
         self.seed, self.shuffle, self.drop_last = int(seed), bool(shuffle), bool(drop_last)
         self.fingerprint = dict(fingerprint or {})
         self.poll_s, self.idle_timeout_s = float(poll_s), float(idle_timeout_s)
+        if isinstance(replay, bool) or not isinstance(replay, (int, float)) or not 0 <= replay < 1:
+            raise ValueError(f"replay={replay!r} must be a fraction in [0, 1): the share of each global batch "
+                             "drawn from older samples")
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+            raise ValueError(f"window={window!r} must be None (all history) or an int >= 1 (commits)")
+        self.replay, self.window = float(replay), window
         self.log = _Log(root)
         self.epoch = 0
         self.step, self.base, self.base_step, self.done = 0, 0, 0, False
@@ -238,33 +263,65 @@ class FollowFeed:
     def _sizes(self) -> tuple[int, ...]:
         return self.job().batch_sizes
 
+    def _per(self) -> int:
+        """New stream samples per full global batch: G less the replayed ones."""
+        G = sum(self._sizes())
+        per = G - round(self.replay * G)
+        if per < 1:
+            raise ValueError(f"replay={self.replay} leaves no new sample in a global batch of {G}; lower it")
+        return per
+
+    def _replay_ids(self, g: int) -> np.ndarray:
+        """This rank's ids of full global batch ``g`` of the job with replay:
+        ``per`` new samples, then ``G - per`` old ones drawn (with repeats)
+        from the samples before them in the last ``window`` commits (the
+        newest commit being the one holding the batch's last new sample),
+        all from (seed, first new id); shuffled inside the batch like plain
+        ones. At the stream's start, with nothing older, the batch's own new
+        samples are drawn."""
+        sizes, per = self._sizes(), self._per()
+        G = sum(sizes)
+        hi = self.base + g * per
+        new = np.arange(hi, hi + per, dtype=np.int64)
+        lo = 0
+        if self.window is not None:
+            newest = int(np.searchsorted(self.log.offsets, hi + per - 1, side="right")) - 1
+            lo = int(self.log.offsets[max(0, newest - self.window + 1)])
+        rng = np.random.default_rng([self.seed, hi, 1])
+        old = lo + rng.integers(0, hi - lo, G - per) if hi > lo else rng.choice(new, G - per)
+        batch = np.concatenate([new, old.astype(np.int64)])
+        if self.shuffle:
+            batch = batch[np.random.default_rng([self.seed, hi]).permutation(G)]
+        pre = sum(sizes[:self.rank])
+        return batch[pre:pre + sizes[self.rank]]
+
     def plan(self, full: int | None = None, tail: int = 0) -> StreamPlan:
         p = self._plan
         if (p is None or p.base != self.base or p.batch_sizes != self._sizes() or p.full != full
                 or p.tail != tail):
-            self._plan = StreamPlan(self.base, self._sizes(), self.rank, self.seed, self.shuffle, full, tail)
+            self._plan = StreamPlan(self.base, self._sizes(), self.rank, self.seed, self.shuffle, full, tail,
+                                    self._per())
         return self._plan
 
     def _consumed(self, steps: int | None = None) -> int:
         """Stream samples consumed by all ranks after ``steps`` job steps (default: the current)."""
         g = self.step - self.base_step if steps is None else steps
-        G = sum(self._sizes())
         full_end = self._full_end()
         if full_end is not None and g > full_end:  # the tail was taken
             return self.log.total
-        return self.base + g * G
+        return self.base + g * self._per()
 
     def _full_end(self) -> int | None:
         """Job steps of full global batches once the stream has ended (None before)."""
         if self.log.end is None:
             return None
-        return (self.log.total - self.base) // sum(self._sizes())
+        return (self.log.total - self.base) // self._per()
 
     # -- the contract --------------------------------------------------
     def next(self) -> WorkItem:
         if self.done:
             raise StopIteration
-        G, bs = sum(self._sizes()), self.batch_size()
+        G, bs = self._per(), self.batch_size()
         g = self.step - self.base_step
         need = self.base + (g + 1) * G
         waited_from = time.monotonic()
@@ -277,7 +334,9 @@ class FollowFeed:
                                                 f"{need - self.log.total} more samples ({self.log.total} "
                                                 "published); the writer may have stopped without end_stream()")
                 time.sleep(self.poll_s)
-        if self.log.total >= need:
+        if self.log.total >= need and self.replay:
+            plan, start, stop = IdsPlan(self._replay_ids(g)), 0, bs
+        elif self.log.total >= need:
             plan, start, stop = self.plan(), g * bs, (g + 1) * bs
         else:  # ended: the short last step, or nothing
             full = (self.log.total - self.base) // G
@@ -297,7 +356,7 @@ class FollowFeed:
         instead of blocking on data not yet published."""
         if self.done or self.log.end is not None:
             return True
-        need = self.base + (self.step - self.base_step + 1) * sum(self._sizes())
+        need = self.base + (self.step - self.base_step + 1) * self._per()
         if self.log.total < need:
             self.log.poll()
         return self.log.total >= need or self.log.end is not None
@@ -343,11 +402,11 @@ class FollowFeed:
         seen: set[int] = set()
         if self.done:
             return out
-        G, bs = sum(self._sizes()), self.batch_size()
+        bs = self.batch_size()
         g0 = self.step - self.base_step
-        full = (self.log.total - self.base) // G
+        full = (self.log.total - self.base) // self._per()
         for g in range(g0, min(full, g0 + _LOOKAHEAD_STEPS)):
-            ids = self.plan().positions(g * bs, (g + 1) * bs)
+            ids = self._replay_ids(g) if self.replay else self.plan().positions(g * bs, (g + 1) * bs)
             shards = np.searchsorted(self.log.offsets, ids, side="right") - 1
             for s in dict.fromkeys(shards.tolist()):
                 if s not in seen:

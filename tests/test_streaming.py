@@ -18,6 +18,7 @@ import textwrap
 import time
 from collections import Counter
 
+import numpy as np
 import pytest
 
 from loader_helpers import step_together
@@ -350,3 +351,76 @@ def test_two_process_gloo_follow(tmp_path):
     (k0, s0), (k1, s1) = results
     assert s0 == s1
     assert sorted(k0 + k1) == [f"w-{i:06d}" for i in range(66)]
+
+
+def test_lookahead_lists_published_shards_in_order_of_use(tmp_path):
+    with ShardWriter(tmp_path, append=True, max_shard_samples=5) as w:
+        for i in range(23):
+            w.write({"__key__": f"l{i:03d}", "cls": i})
+    [L] = _loaders(tmp_path, 1, 4, shuffle="none")
+    feed = L.feed
+    assert [u.shard for u in feed.lookahead(10)] == [0, 1, 2, 3]  # 20 samples form 5 steps; 3 wait in shard 4
+    assert [u.step for u in feed.lookahead(10)] == [0, 1, 2, 3]
+    it = iter(L)
+    next(it), next(it)
+    assert [u.shard for u in feed.lookahead(2)] == [1, 2]
+
+
+# -- replay and window ------------------------------------------------------------
+def _stream(root, n, per_shard=5):
+    with ShardWriter(root, append=True, max_shard_samples=per_shard) as w:
+        for i in range(n):
+            w.write({"__key__": f"s{i:04d}", "cls": i})
+        w.end_stream()
+
+
+def test_replay_mix_and_window(tmp_path):
+    """Each full global batch: 6 new samples in stream order, then 2 old ones drawn
+    from the last 3 commits before them; every new sample comes once as new."""
+    from shardfeed.loader import BatchSchedule
+
+    _stream(tmp_path, 300)
+    ds = ShardDataset(tmp_path, follow=True, rank=0, world_size=1, shuffle="none", replay=0.25, window=3)
+    feed = ds.feed(BatchSchedule.of(8))
+    new_seen, olds = [], 0
+    for item in feed:
+        ids = item.ids()
+        if len(ids) < 8:  # the tail: only new samples
+            new_seen += ids.tolist()
+            continue
+        new, old = ids[:6], ids[6:]
+        assert (new == np.arange(new[0], new[0] + 6)).all()
+        newest_shard = (new[-1]) // 5
+        lo = max(0, newest_shard - 3 + 1) * 5
+        assert ((old >= lo) | (new[0] == 0)).all() and (old < max(new[0], 6)).all(), (new, old)
+        new_seen += new.tolist()
+        olds += len(old)
+    assert new_seen == list(range(300))
+    assert olds == 2 * (300 // 6)  # the ratio is exact: 2 of 8 in every full global batch
+
+
+def test_replay_shuffled_ratio_and_resume(tmp_path):
+    _stream(tmp_path, 401, per_shard=7)  # 57 full global batches of 7 new + a tail of 2 (no padding)
+    kw = {"replay": 0.3, "window": 10, "seed": 5}
+    full, taken = step_together(_loaders(tmp_path, 2, [6, 4], **kw))
+    assert len(set(taken)) == 1
+    delivered = Counter(k for ks in full for k in ks)
+    assert set(delivered) == {f"s{i:04d}" for i in range(401)}
+    extra = sum(delivered.values()) - 401
+    assert extra == 3 * 57  # G=10, per=7: 3 replayed in each full global batch
+    first = _loaders(tmp_path, 2, [6, 4], **kw)
+    got, _ = step_together(first, steps=20)
+    states = [L.state_dict() for L in first]
+    second = _loaders(tmp_path, 2, [6, 4], **kw)
+    for L, s in zip(second, states):
+        L.load_state_dict(s)
+    rest, _ = step_together(second)
+    assert [a + b for a, b in zip(got, rest)] == full
+
+
+def test_replay_needs_follow_and_a_new_sample(tmp_path):
+    _stream(tmp_path, 10)
+    with pytest.raises(ValueError, match="follow=True"):
+        ShardDataset(tmp_path, replay=0.5)
+    with pytest.raises(ValueError, match=r"replay=1\.5"):
+        Loader(ShardDataset(tmp_path, follow=True, replay=1.5), 4)
