@@ -75,6 +75,10 @@ class ShardDataset(torch.utils.data.IterableDataset):
     that share of each global batch with older samples, drawn from the last
     ``window`` commits (None: all history), deterministically from the seed.
 
+    Random access: ``ds[i]`` is sample ``i`` of the whole dataset in stored
+    order and ``ds.get(key)`` finds a sample by key, both through the index
+    and sidecars with checksums (loader/random_access.py).
+
     Not yet available (they raise NotImplementedError): remote URLs and
     ``cache_dir``/``cache_limit_bytes`` (shardfeed.cache).
     """
@@ -183,6 +187,26 @@ class ShardDataset(torch.utils.data.IterableDataset):
 
     def __len__(self) -> int:
         return self.unbatched_plan().num_samples
+
+    # -- random access --------------------------------------------------
+    def _lookup(self):
+        # built on first use; pickles to DataLoader workers without its open shards
+        if self.__dict__.get("_random_access") is None:
+            from shardfeed.loader.random_access import SampleLookup
+
+            self._random_access = SampleLookup(self.index, decode=self.decode, transform=self.transform,
+                                               on_error=self.on_error, image_size=self.image_size)
+        return self._random_access
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        """Sample ``i`` of the whole dataset in stored order (``0 <= i < index.num_samples``,
+        negative like a list), read through the index and sidecar with its checksum.
+        Not this rank's epoch order: ``len(ds)`` is this rank's share of an epoch."""
+        return self._lookup()[i]
+
+    def get(self, key: str) -> dict[str, Any]:
+        """The sample whose ``__key__`` is ``key`` (KeyError naming it if none)."""
+        return self._lookup().get(key)
 
     def maker(self, collate_fn: Callable | None = None, decode: bool | None = None) -> BatchMaker | FollowMaker:
         maker = BatchMaker(self.index, decode=self.decode if decode is None else decode, transform=self.transform,

@@ -154,3 +154,20 @@ def test_open_shards_are_bounded(make_dataset):
     assert lookup[59] == labelled_sample(59)  # reopens after close
     with pytest.raises(ValueError, match="max_open"):
         SampleLookup(lookup.index, max_open=0)
+
+
+def test_shard_dataset_indexes_the_whole_dataset_and_finds_keys(make_dataset):
+    from shardfeed.loader import ShardDataset
+
+    root = make_dataset(60, shard_samples=25)
+    ds = ShardDataset(root, rank=1, world_size=2)
+    assert len(ds) == 30  # this rank's share of an epoch
+    for i in (0, 24, 25, 59, -1):
+        want = labelled_sample(i % 60)
+        got = ds[i]
+        assert got["__key__"] == want["__key__"] and got["bin"] == want["bin"] and got["cls"] == want["cls"]
+    assert ds.get("00000042")["txt"] == "sample 42"
+    with pytest.raises(KeyError, match="nope"):
+        ds.get("nope")
+    with pytest.raises(IndexError):
+        ds[60]
