@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from shardfeed.tools import bench
+from shardfeed.tools.bench import command as bench
 
 
 def _fake(name, calls, code=0):

@@ -15,10 +15,10 @@ import re
 
 import pytest
 
-from shardfeed.tools import bench_read
-from shardfeed.tools.bench_child import run as run_job
-from shardfeed.tools.bench_report import MIN_BATCHES, targets
-from shardfeed.tools.bench_samples import ContentCheck, SampleSpec
+from shardfeed.tools.bench import read as bench_read
+from shardfeed.tools.bench.child import run as run_job
+from shardfeed.tools.bench.report import MIN_BATCHES, targets
+from shardfeed.tools.bench.samples import ContentCheck, SampleSpec
 
 COLUMNS = ["library", "sample size", "samples", "workers", "shuffle", "samples/s", "MB/s", "fraction of cat",
            "first batch ms", "peak RSS MiB", "status"]

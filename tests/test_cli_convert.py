@@ -266,7 +266,7 @@ def test_parse_size(text, value):
 
 def test_ctrl_c_mid_conversion_publishes_nothing(image_folder, tmp_path, monkeypatch, capsys):
     """KeyboardInterrupt after two shards were written: exit 130, no DST, no stage or temp files."""
-    from shardfeed.tools import sources
+    from shardfeed.tools.convert import sources
 
     src, _ = image_folder
     real = sources.ImageFolderSource.load_many
@@ -279,7 +279,7 @@ def test_ctrl_c_mid_conversion_publishes_nothing(image_folder, tmp_path, monkeyp
         return real(self, ids)
 
     monkeypatch.setattr(sources.ImageFolderSource, "load_many", interrupted)
-    monkeypatch.setattr("shardfeed.tools.convert_job.BATCH", 4)
+    monkeypatch.setattr("shardfeed.tools.convert.job.BATCH", 4)
     assert run(src, tmp_path / "out", "--max-shard-samples", 3) == 130
     assert "interrupted" in capsys.readouterr().err
     assert sorted(os.listdir(tmp_path)) == ["images"]
@@ -322,7 +322,7 @@ def test_sigterm_mid_conversion_removes_stage_and_exits_143(tmp_path, processes)
 
 
 def test_stale_stage_of_dead_run_is_removed_live_one_kept(tmp_path, capsys):
-    from shardfeed.tools.convert_job import _host
+    from shardfeed.tools.convert.job import _host
 
     (tmp_path / "a.jsonl").write_text('{"v": 1}\n')
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
@@ -371,8 +371,8 @@ def test_overwrite_replaces_empty_folder_and_dataset(tmp_path):
 
 def test_signal_during_publish_is_deferred(tmp_path):
     """An interrupt between moving the old dataset aside and renaming the stage would leave no DST."""
-    from shardfeed.tools.convert import _stop_on_signals
-    from shardfeed.tools.convert_job import _SignalsHeld
+    from shardfeed.tools.convert.command import _stop_on_signals
+    from shardfeed.tools.convert.job import _SignalsHeld
 
     with _stop_on_signals():
         with _SignalsHeld() as held:

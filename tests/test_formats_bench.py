@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from shardfeed.tools import bench_formats
+from shardfeed.tools.bench import formats as bench_formats
 
 
 def test_bench_formats_small(tmp_path, capsys):

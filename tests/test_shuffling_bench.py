@@ -2,7 +2,7 @@
 
 import argparse
 
-from shardfeed.tools import bench_shuffle
+from shardfeed.tools.bench import shuffle as bench_shuffle
 
 
 def test_bench_shuffle_quick(tmp_path, capsys):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from shardfeed.formats import ShardWriter
-from shardfeed.tools.synth import image_samples
+from shardfeed.tools.train.synth import image_samples
 
 EXE = str(Path(sys.executable).with_name("shardfeed"))
 

@@ -14,12 +14,12 @@ from shardfeed.tools.text import HelpFormatter
 
 # name -> (module, one-line help)
 COMMANDS = {
-    "convert": ("shardfeed.tools.convert", "convert images/JSONL/CSV/Parquet/tars into shards"),
+    "convert": ("shardfeed.tools.convert.command", "convert images/JSONL/CSV/Parquet/tars into shards"),
     "inspect": ("shardfeed.tools.inspect_cmd", "show counts, sizes, fields and a few samples"),
     "verify": ("shardfeed.tools.verify", "check every hash and offset of a dataset"),
-    "bench": ("shardfeed.tools.bench", "throughput and quality benchmarks"),
-    "train": ("shardfeed.tools.train", "the reference DDP trainer on local CPU ranks or under torchrun"),
-    "demo": ("shardfeed.tools.demo", "build a small dataset, shard it and read it back"),
+    "bench": ("shardfeed.tools.bench.command", "throughput and quality benchmarks"),
+    "train": ("shardfeed.tools.train.command", "the reference DDP trainer on local CPU ranks or under torchrun"),
+    "demo": ("shardfeed.tools.train.demo", "build a small dataset, shard it and read it back"),
 }
 
 

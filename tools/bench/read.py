@@ -29,10 +29,10 @@ import time
 
 from tqdm import tqdm
 
-from shardfeed.tools.bench_child import RESULT_PREFIX
-from shardfeed.tools.bench_peers import ADAPTERS
-from shardfeed.tools.bench_report import MIN_BATCHES, too_small
-from shardfeed.tools.bench_samples import GENERATOR_VERSION, SampleSpec
+from shardfeed.tools.bench.child import RESULT_PREFIX
+from shardfeed.tools.bench.peers import ADAPTERS
+from shardfeed.tools.bench.report import MIN_BATCHES, too_small
+from shardfeed.tools.bench.samples import GENERATOR_VERSION, SampleSpec
 
 SIZES = {"2KiB": 2048, "100KiB": 100 * 1024}
 # Default dataset sizes: about 128 MiB and 400 MiB of payload, so the whole
@@ -165,7 +165,7 @@ def _tree_rss(proc) -> tuple[int, int]:
 def run_child(job: dict, timeout: float) -> dict:
     """Runs one job in a fresh interpreter, sampling the RSS of its whole process tree."""
     import psutil
-    cmd = [sys.executable, "-m", "shardfeed.tools.bench_child", json.dumps(job)]
+    cmd = [sys.executable, "-m", "shardfeed.tools.bench.child", json.dumps(job)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     watched = psutil.Process(proc.pid)
@@ -272,7 +272,7 @@ def measure_cat(paths: list[str], repeats: int = 3) -> dict:
 def measure_check(count: int, size: int, batch_size: int, limit_bytes: int = 64 << 20) -> dict:
     """Rate of the content check alone, over batches already in memory: the
     most any library can show in this harness, since every pass runs it."""
-    from shardfeed.tools.bench_samples import ContentCheck
+    from shardfeed.tools.bench.samples import ContentCheck
     count = max(1, min(count, limit_bytes // size))
     spec = SampleSpec(count, size)
     batches = []
@@ -392,7 +392,7 @@ def _machine() -> dict:
 
 
 def main(args) -> int:
-    from shardfeed.tools.bench_report import render, write_reports
+    from shardfeed.tools.bench.report import render, write_reports
     try:
         plan = Plan(args)
     except ValueError as e:

@@ -19,9 +19,9 @@ import sys
 from shardfeed.tools.text import HelpFormatter
 
 BENCHES = {
-    "read": ("shardfeed.tools.bench_read", "read throughput of shardfeed and its peers, side by side"),
-    "shuffle": ("shardfeed.tools.bench_shuffle", "shuffle quality against peers"),
-    "formats": ("shardfeed.tools.bench_formats", "shard formats: size on disk and speed"),
+    "read": ("shardfeed.tools.bench.read", "read throughput of shardfeed and its peers, side by side"),
+    "shuffle": ("shardfeed.tools.bench.shuffle", "shuffle quality against peers"),
+    "formats": ("shardfeed.tools.bench.formats", "shard formats: size on disk and speed"),
 }
 
 

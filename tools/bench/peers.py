@@ -15,7 +15,7 @@ import math
 import os
 from typing import Iterator
 
-from shardfeed.tools.bench_samples import SampleSpec
+from shardfeed.tools.bench.samples import SampleSpec
 
 # Every dataset is cut into this many shards/chunks/files, whatever its size,
 # so 2 workers always have shards to split and quick runs look like full ones.
@@ -167,7 +167,7 @@ class FilesAdapter(Adapter):
     def load(self, read):
         super().load(read)
         if read:
-            import shardfeed.tools.bench_peer_datasets  # noqa: F401
+            import shardfeed.tools.bench.peer_datasets  # noqa: F401
 
     def write(self, spec, folder):
         made = set()
@@ -183,7 +183,7 @@ class FilesAdapter(Adapter):
         import torch
         from torch.utils.data import DataLoader
         gen = torch.Generator().manual_seed(0)
-        from shardfeed.tools.bench_peer_datasets import FileDataset
+        from shardfeed.tools.bench.peer_datasets import FileDataset
         yield from DataLoader(FileDataset(folder), batch_size=batch_size, shuffle=shuffle,
                               num_workers=workers, collate_fn=_collate_tuples, generator=gen)
 
@@ -197,7 +197,7 @@ class ParquetAdapter(Adapter):
         super().load(read)
         import pyarrow.parquet  # noqa: F401
         if read:
-            import shardfeed.tools.bench_peer_datasets  # noqa: F401
+            import shardfeed.tools.bench.peer_datasets  # noqa: F401
 
     def write(self, spec, folder, batch_size=256):
         import pyarrow as pa
@@ -222,7 +222,7 @@ class ParquetAdapter(Adapter):
     def batches(self, folder, workers, shuffle, batch_size):
         from torch.utils.data import DataLoader
 
-        from shardfeed.tools.bench_peer_datasets import ParquetRowGroups
+        from shardfeed.tools.bench.peer_datasets import ParquetRowGroups
         yield from DataLoader(ParquetRowGroups(self.files(folder), shuffle, batch_size),
                               batch_size=None, num_workers=workers)
 

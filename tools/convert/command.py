@@ -105,7 +105,7 @@ def _stop_on_signals():
 
 
 def _options(args):
-    from shardfeed.tools.convert_job import ConvertOptions
+    from shardfeed.tools.convert.job import ConvertOptions
 
     try:
         max_bytes = parse_size(args.max_shard_bytes)
@@ -133,10 +133,10 @@ def main(args) -> int:
     from tqdm import tqdm
 
     from shardfeed.formats import ShardError
-    from shardfeed.tools.convert_job import check_destination, convert
-    from shardfeed.tools.field_map import parse_field_specs
+    from shardfeed.tools.convert.job import check_destination, convert
+    from shardfeed.tools.convert.field_map import parse_field_specs
     from shardfeed.formats.writer import check_field
-    from shardfeed.tools.sources import open_source
+    from shardfeed.tools.convert.sources import open_source
 
     try:
         opts = _options(args)
@@ -174,7 +174,7 @@ def main(args) -> int:
 
 def _report_stale(dst: str) -> None:
     """Remove what killed runs left beside DST, and say so (it may have been big)."""
-    from shardfeed.tools.convert_job import remove_stale_stages
+    from shardfeed.tools.convert.job import remove_stale_stages
 
     for path in remove_stale_stages(os.path.dirname(os.path.abspath(dst))):
         print(f"removed {path}, left by a conversion that is no longer running", file=sys.stderr)

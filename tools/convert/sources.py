@@ -235,7 +235,7 @@ class ShardSource(UnitSource):
 
 
 def _table_source(kind: str, files: list[str], fields, key_column):
-    from shardfeed.tools.table_sources import CsvSource, JsonlSource, ParquetSource
+    from shardfeed.tools.convert.table_sources import CsvSource, JsonlSource, ParquetSource
 
     cls = {"jsonl": JsonlSource, "csv": CsvSource, "parquet": ParquetSource}[kind]
     return cls(files, fields, key_column)

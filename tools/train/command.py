@@ -21,7 +21,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from shardfeed.tools.text import HelpFormatter, plural
+from shardfeed.tools.text import plural
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -229,8 +229,3 @@ def main(args) -> int:
           f"in {time.perf_counter() - t0:.1f}s")
     return 0
 
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="shardfeed train", formatter_class=HelpFormatter)
-    add_arguments(parser)
-    sys.exit(main(parser.parse_args()))

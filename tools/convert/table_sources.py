@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from shardfeed.formats import ShardError
-from shardfeed.tools.field_map import RowMapper
-from shardfeed.tools.sources import UnitSource
+from shardfeed.tools.convert.field_map import RowMapper
+from shardfeed.tools.convert.sources import UnitSource
 
 
 def _line_starts(path: str) -> tuple[np.ndarray, np.ndarray]:

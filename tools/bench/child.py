@@ -1,5 +1,5 @@
 """One benchmark configuration in a fresh process: ``python -m
-shardfeed.tools.bench_child '<json job>'``.
+shardfeed.tools.bench.child '<json job>'``.
 
 A fresh process per configuration keeps each peak RSS its own, and isolates
 a peer that crashes or cannot be imported. The last stdout line is
@@ -46,8 +46,8 @@ def _peak_rss_mib() -> float | None:
 
 
 def _run(job: dict) -> dict:
-    from shardfeed.tools.bench_peers import ADAPTERS
-    from shardfeed.tools.bench_samples import ContentCheck, SampleSpec
+    from shardfeed.tools.bench.peers import ADAPTERS
+    from shardfeed.tools.bench.samples import ContentCheck, SampleSpec
 
     adapter = ADAPTERS[job["library"]]
     try:

@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from shardfeed.formats import ShardWriter
 from shardfeed.loader import Loader, ShardDataset
-from shardfeed.tools.synth import image_samples
+from shardfeed.tools.train.synth import image_samples
 from shardfeed.tools.text import plural, show_progress
 
 
@@ -81,7 +81,7 @@ def main(args) -> int:
     if args.no_train:
         return 0
     eval_root, _ = build_dataset(args, "eval", args.eval_samples, seed=1)
-    from shardfeed.tools import train
+    from shardfeed.tools.train import command as train
 
     parser = argparse.ArgumentParser()
     train.add_arguments(parser)

@@ -1,0 +1,1 @@
+"""`shardfeed convert`: other datasets (image folders, JSONL, CSV, Parquet, tars) into shards."""
