@@ -137,8 +137,12 @@ def _local_root(source: str) -> str:
     return source
 
 
-def write_index(root: str, shards: Iterable[ShardInfo], fields: Sequence[str] = (), log_seq: int = 0) -> str:
-    """Atomically (temp, rename) write ``root/index.arrow``; returns its path."""
+def write_index(root: str, shards: Iterable[ShardInfo], fields: Sequence[str] = (), log_seq: int = 0,
+                extra: dict | None = None) -> str:
+    """Atomically (temp, rename) write ``root/index.arrow``; returns its path.
+
+    ``extra``: more JSON metadata kept in the index (e.g. convert's shuffle
+    seed); it cannot replace the keys the index itself uses."""
     shards = list(shards)
     for s in shards:
         check_shard_name(s.name, root)
@@ -150,6 +154,10 @@ def write_index(root: str, shards: Iterable[ShardInfo], fields: Sequence[str] = 
         "hash": pa.array([s.hash for s in shards], pa.string()),
     })
     meta = {"version": INDEX_VERSION, "hash": HASH_ALGO, "fields": list(fields), "log_seq": log_seq}
+    for k, v in (extra or {}).items():
+        if k in meta or k == "digest":
+            raise ValueError(f"write_index extra key {k!r} is one the index uses itself; pick another name")
+        meta[k] = v
     meta["digest"] = table_digest(tbl, meta)
     tbl = tbl.replace_schema_metadata({b"shardfeed.index": json.dumps(meta).encode()})
     path = os.path.join(root, INDEX_NAME)
