@@ -1,0 +1,162 @@
+"""`shardfeed plan DATASET --cache-limit BYTES`: what each shuffle order costs a node's cache.
+
+For each order (none, shard, block with the largest window the budget
+holds, global, and global with locality-aware dealing when there are
+several nodes) the bytes one node fetches per epoch through a whole-shard
+cache of --cache-limit bytes, for Belady (clairvoyant: the cache follows the
+plan's lookahead) and LRU. The plan is pure, so this replays the node's
+exact shard sequence (shuffling.cache_sim); it is exact for the model (whole
+shards, a node's ranks stepping together), not a guess.
+Exit codes: 0 shown; 2 the dataset could not be opened or an option is invalid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+
+from shardfeed.tools.byte_sizes import human_bytes, parse_size
+from shardfeed.tools.text import plural, show_progress
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = __doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n", 1)[1]
+    p.add_argument("dataset", metavar="DATASET", help="dataset folder (or anything open_index takes)")
+    p.add_argument("--cache-limit", required=True, type=parse_size, metavar="BYTES",
+                   help="each node's cache budget, e.g. 200GB or 64GiB")
+    p.add_argument("--world-size", type=int, default=1, metavar="N", help="ranks in the job")
+    p.add_argument("--ranks-per-node", type=int, default=None, metavar="K",
+                   help="ranks sharing one node's cache (default: all ranks on one node)")
+    p.add_argument("--batch-size", type=int, default=32, metavar="B", help="per-rank batch size")
+    p.add_argument("--epochs", type=int, default=2, metavar="E", help="epochs simulated (the cache carries over)")
+    p.add_argument("--seed", type=int, default=0, help="shuffle seed")
+    p.add_argument("--node", type=int, default=0, help="which node to simulate")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+
+
+def _check(args) -> str | None:
+    if args.world_size < 1:
+        return f"--world-size {args.world_size} must be >= 1"
+    rpn = args.ranks_per_node or args.world_size
+    if not 1 <= rpn <= args.world_size:
+        return f"--ranks-per-node {rpn} must be in 1..{args.world_size} (the world size)"
+    if args.batch_size < 1 or args.epochs < 1:
+        return f"--batch-size {args.batch_size} and --epochs {args.epochs} must be >= 1"
+    nodes = -(-args.world_size // rpn)
+    if not 0 <= args.node < nodes:
+        return f"--node {args.node} is outside 0..{nodes - 1} ({args.world_size} ranks, {rpn} per node)"
+    return None
+
+
+def orders(sizes, limit: int, rpn: int, nodes: int) -> list[tuple[str, dict, str]]:
+    """(order, PlanSpec options, note) of each row; a block window the budget cannot hold is a note."""
+    from shardfeed.shuffling.cache_sim import block_window
+
+    rows = [("none", {}, ""), ("shard", {}, "")]
+    try:
+        w = block_window(sizes, limit, rpn)
+        rows.append(("block", {"block_shards": w}, f"window {w}"))
+    except ValueError as e:
+        rows.append(("block", None, str(e)))
+    rows.append(("global", {}, ""))
+    if nodes > 1:
+        rows.append(("global", {"locality": True}, "locality"))
+    return rows
+
+
+def simulate_orders(counts, sizes, limit: int, world_size: int, rpn: int, batch_size: int, epochs: int,
+                    seed: int = 0, node: int = 0, progress: bool = False) -> list[dict]:
+    """One dict per (order, policy): bytes fetched by ``node`` in each epoch."""
+    from shardfeed.shuffling.cache_sim import Policy, plan_accesses, simulate
+    from shardfeed.shuffling.spec import Job, PlanSpec
+
+    nodes = -(-world_size // rpn)
+    job = Job(world_size, (batch_size,) * world_size, rpn)
+    rows = orders(sizes, limit, rpn, nodes)
+    out = []
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=len(rows), desc="simulating", unit="order", file=sys.stderr)
+    for order, opts, note in rows:
+        base = {"order": order, "locality": bool(opts and opts.get("locality")),
+                "window": (opts or {}).get("block_shards"), "note": note}
+        if opts is None:
+            out.extend(dict(base, policy=p.value, epochs=None) for p in Policy)
+        else:
+            try:
+                acc = plan_accesses(PlanSpec(counts, order, seed, **opts), job, node, range(epochs))
+                for p in Policy:
+                    out.append(dict(base, policy=p.value, epochs=simulate(sizes, acc, limit, p).tolist()))
+            except ValueError as e:  # a sequence too long to simulate exactly
+                out.extend(dict(base, policy=p.value, epochs=None, note=str(e)) for p in Policy)
+        if bar is not None:
+            bar.update()
+    if bar is not None:
+        bar.close()
+    return out
+
+
+def _cell(b: float, dataset: int, share: float) -> str:
+    return f"{human_bytes(b)} ({b / dataset:.2f}x, {b / share:.2f}x share)"
+
+
+def main(args: argparse.Namespace) -> int:
+    from shardfeed.formats import ShardError, open_index
+
+    err = _check(args)
+    if err:
+        print(f"shardfeed plan: {err}", file=sys.stderr)
+        return 2
+    try:
+        index = open_index(args.dataset)
+    except ShardError as e:
+        print(f"shardfeed plan: cannot open {args.dataset}: {e}", file=sys.stderr)
+        return 2
+    counts, sizes = index.counts, index.sizes
+    total = int(sizes.sum())
+    if len(index) == 0 or total == 0 or int(counts.sum()) == 0:
+        print(f"shardfeed plan: {args.dataset} has no samples to plan", file=sys.stderr)
+        return 2
+    rpn = args.ranks_per_node or args.world_size
+    nodes = -(-args.world_size // rpn)
+    share = total / nodes
+    t0 = time.monotonic()
+    rows = simulate_orders(counts, sizes, args.cache_limit, args.world_size, rpn, args.batch_size, args.epochs,
+                           args.seed, args.node, progress=show_progress(args.json))
+    took = time.monotonic() - t0
+    head = {"dataset": args.dataset, "shards": len(index), "samples": int(counts.sum()), "dataset_bytes": total,
+            "cache_limit": args.cache_limit, "world_size": args.world_size, "ranks_per_node": rpn,
+            "nodes": nodes, "node": args.node, "batch_size": args.batch_size, "epochs": args.epochs,
+            "node_share_bytes": share}
+    if args.json:
+        print(json.dumps(dict(head, rows=rows)))
+        return 0
+    print(f"{args.dataset}: {plural(len(index), 'shard')}, {plural(int(counts.sum()), 'sample')}, "
+          f"{human_bytes(total)}; cache {human_bytes(args.cache_limit)} per node "
+          f"({args.cache_limit / total:.0%} of the dataset); {plural(args.world_size, 'rank')}, "
+          f"{plural(nodes, 'node')} of {rpn}, batch {args.batch_size} per rank")
+    later = "later epochs (mean)" if args.epochs > 1 else ""
+    print(f"bytes fetched by node {args.node} per epoch (x dataset, x the node's share = dataset / nodes):")
+    print()
+    cols = ["order", "policy", "first epoch (cold cache)"] + ([later] if later else [])
+    lines = []
+    for r in rows:
+        name = r["order"] + (f" ({r['note']})" if r["note"] and r["epochs"] is not None else "")
+        if r["epochs"] is None:
+            lines.append([name, r["policy"], f"not simulated: {r['note']}"] + ([""] if later else []))
+            continue
+        e = r["epochs"]
+        cells = [_cell(e[0], total, share)] + ([_cell(float(np.mean(e[1:])), total, share)] if later else [])
+        lines.append([name, r["policy"]] + cells)
+    widths = [max(len(str(x)) for x in col) for col in zip(cols, *lines)]
+    for line in [cols, ["-" * w for w in widths]] + lines:
+        print("  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip())
+    print()
+    print(f"simulated {plural(len(rows) // 2, 'order')} x 2 policies over {plural(args.epochs, 'epoch')} "
+          f"in {took:.1f} s")
+    return 0
