@@ -17,6 +17,7 @@ COMMANDS = {
     "convert": ("shardfeed.tools.convert.command", "convert images/JSONL/CSV/Parquet/tars into shards"),
     "inspect": ("shardfeed.tools.inspect_cmd", "show counts, sizes, fields and a few samples"),
     "verify": ("shardfeed.tools.verify", "check every hash and offset of a dataset"),
+    "plan": ("shardfeed.tools.plan", "bytes a node's cache fetches per epoch for each shuffle order"),
     "bench": ("shardfeed.tools.bench.command", "throughput and quality benchmarks"),
     "train": ("shardfeed.tools.train.command", "the reference DDP trainer on local CPU ranks or under torchrun"),
     "demo": ("shardfeed.tools.train.demo", "build a small dataset, shard it and read it back"),
