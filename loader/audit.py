@@ -1,0 +1,171 @@
+"""Coverage audit: what one rank delivered, one bit per sample per source per epoch.
+
+``Loader(..., audit=True)`` records every delivered batch's sample ids in a
+packed bitmap per (epoch, source) (numpy packbits order: bit 7 of byte
+``id >> 3`` is id ``8*(id >> 3)``) plus counters: samples delivered, and
+deliveries of an id this rank had already delivered (``extra``, with a few
+example ids). One bit per sample per rank and epoch: 10^9 samples take
+125 MB per rank per epoch in memory. Repeats across ranks are found when
+``shardfeed audit`` merges the ranks' records (overlapping bits).
+
+Each epoch's record also holds what the feed promises, computed from the
+same pure functions that deal the samples: per source the deliveries
+(``delivered``) and distinct samples (``unique``) of the whole epoch over all
+ranks, and the padding of the epoch (``padded``, repeats allowed). A mixture
+source that repeats (count > size) or continues a sub-sampled permutation
+has ``unique`` computed from its ids (one pass over the epoch's ids of that
+source when the epoch's first batch is recorded).
+
+Save ``audit_state()`` with ``save(state, path)`` beside each checkpoint:
+the record covers exactly the batches the state_dict() of the same moment
+says were consumed, so the records of a run and of its resumed run (any
+world size) merge into the whole epoch. A resumed loader starts a fresh
+record.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import zlib
+
+import numpy as np
+
+VERSION = 1
+_CHUNK = 1 << 20
+_EXAMPLES = 20
+
+
+def _bits(n: int) -> np.ndarray:
+    return np.zeros((n + 7) // 8, np.uint8)
+
+
+def mark(bits: np.ndarray, ids: np.ndarray) -> int:
+    """Set ``ids`` in ``bits``; returns how many of them were set before (or repeat within ``ids``)."""
+    if ids.size == 0:
+        return 0
+    uniq = np.unique(ids)
+    byte, mask = uniq >> 3, (128 >> (uniq & 7)).astype(np.uint8)
+    before = int(np.count_nonzero(bits[byte] & mask))
+    np.bitwise_or.at(bits, byte, mask)
+    return before + int(ids.size - uniq.size)
+
+
+def popcount(bits: np.ndarray) -> int:
+    return int(np.unpackbits(bits).sum()) if bits.size < _CHUNK else sum(
+        int(np.unpackbits(bits[i:i + _CHUNK]).sum()) for i in range(0, bits.size, _CHUNK))
+
+
+def encode(bits: np.ndarray) -> str:
+    return base64.b64encode(zlib.compress(bits.tobytes(), 1)).decode("ascii")
+
+
+def decode(text: str, n: int, where: str) -> np.ndarray:
+    raw = zlib.decompress(base64.b64decode(text), bufsize=(n + 7) // 8 + 1)
+    if len(raw) != (n + 7) // 8:
+        raise ValueError(f"{where}: bitmap holds {len(raw)} bytes, expected {(n + 7) // 8} for {n} samples "
+                         "(a record of another dataset?)")
+    return np.frombuffer(raw, np.uint8).copy()
+
+
+class AuditRecorder:
+    """One rank's delivery record over a Loader's feed (epoch or mixture feed)."""
+
+    def __init__(self, feed, dataset=None):
+        self.feed = feed
+        self.kind = getattr(feed, "kind", "epoch")
+        if self.kind == "mixture":
+            mx = feed.mixture
+            self.names, self.sizes = list(mx.names), list(mx.sizes)
+            self._split = mx.source_of
+        elif self.kind == "epoch":
+            self.names, self.sizes = [str(getattr(dataset, "source", "dataset"))], [feed.spec.num_samples]
+            self._split = None
+        else:
+            raise NotImplementedError(f"audit of a {self.kind} feed (a followed stream) is not built: its "
+                                      "samples are delivered once across the stream, not per epoch")
+        self.epochs: dict[int, dict] = {}
+
+    def _epoch(self, item) -> dict:
+        e = item.epoch
+        rec = self.epochs.get(e)
+        if rec is None:
+            rec = self.epochs[e] = {"bits": [_bits(n) for n in self.sizes], "delivered": [0] * len(self.sizes),
+                                    "extra": [0] * len(self.sizes), "examples": [[] for _ in self.sizes],
+                                    "expect": self._expect(item), "complete": False, "last_step": -1}
+        return rec
+
+    def _expect(self, item) -> dict:
+        plan = item.plan
+        if self.kind == "epoch":
+            unique = plan.total_samples - plan.dropped
+            return {"delivered": [unique], "unique": [unique], "padded": plan.padded}
+        uniq = []
+        for i, n in enumerate(self.sizes):
+            c, start = plan.counts[i], plan.starts[i]
+            if c >= 2 * n or (c >= n and start % n == 0):
+                uniq.append(n)
+                continue
+            bits = _bits(n)
+            for p in range(start, start + c, _CHUNK):
+                mark(bits, plan.source_ids(i, p, min(start + c, p + _CHUNK)))
+            uniq.append(popcount(bits))
+        return {"delivered": list(plan.counts), "unique": uniq, "padded": self.feed.padded(item.epoch)}
+
+    def record(self, item) -> None:
+        rec = self._epoch(item)
+        ids = np.asarray(item.ids(), np.int64)
+        rec["last_step"] = max(rec["last_step"], item.step)
+        if self._split is None:
+            parts = [(0, ids)]
+        else:
+            src, local = self._split(ids)
+            parts = [(int(i), local[src == i]) for i in np.unique(src).tolist()]
+        for i, part in parts:
+            bits = rec["bits"][i]
+            ex = rec["examples"][i]
+            if len(ex) < _EXAMPLES and part.size:
+                u, n = np.unique(part, return_counts=True)
+                again = (n > 1) | ((bits[u >> 3] & (128 >> (u & 7)).astype(np.uint8)) != 0)
+                ex.extend(int(x) for x in u[again][:_EXAMPLES - len(ex)])
+            rec["extra"][i] += mark(bits, part)
+            rec["delivered"][i] += int(part.size)
+
+    def end_epoch(self, epoch: int) -> None:
+        if epoch in self.epochs:
+            self.epochs[epoch]["complete"] = True
+
+    def state(self) -> dict:
+        return {"version": VERSION, "kind": self.kind, "rank": self.feed.rank, "world_size": self.feed.world_size,
+                "sources": [{"name": n, "samples": s} for n, s in zip(self.names, self.sizes)],
+                "epochs": {str(e): {"expect": r["expect"], "complete": r["complete"], "last_step": r["last_step"],
+                                    "sources": [{"delivered": d, "extra": x, "examples": ex, "bits": encode(b)}
+                                                for d, x, ex, b in zip(r["delivered"], r["extra"], r["examples"],
+                                                                       r["bits"])]}
+                           for e, r in sorted(self.epochs.items())}}
+
+
+def save(state: dict, path) -> str:
+    """Write an audit record (``Loader.audit_state()``) as JSON, atomically."""
+    path = os.fspath(path)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(state, f)
+    os.replace(tmp, path)
+    return path
+
+
+def load(path) -> dict:
+    """Read an audit record written by ``save``; ValueError naming the file if it is not one."""
+    path = os.fspath(path)
+    try:
+        with open(path) as f:
+            state = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: not a readable audit record ({e}); pass files written by "
+                         "shardfeed.loader.audit.save(loader.audit_state(), path)") from e
+    if not isinstance(state, dict) or state.get("version") != VERSION or not isinstance(state.get("epochs"), dict):
+        raise ValueError(f"{path}: audit record version {state.get('version') if isinstance(state, dict) else None!r}"
+                         f" is not {VERSION} (written by another shardfeed release, or not an audit record)")
+    return state

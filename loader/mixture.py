@@ -1,0 +1,250 @@
+"""Mixture: several datasets read as one, with exact per-epoch counts.
+
+``Mixture(sources, weights=None, counts=None, epoch_samples=None, seed=0)``
+is accepted by ``Loader`` like a ShardDataset. Per epoch it takes an exact
+number of samples from each source (largest-remainder apportionment of
+``epoch_samples`` by the weights, or the ``counts`` given), repeats a source
+with fewer samples than its count and sub-samples one with more (each source
+walks its own permutation over its own epochs, so nothing repeats before
+every sample came once), and interleaves the sources evenly in every batch.
+How positions become samples is in mixture_feed.py.
+
+Curriculum: ``weights`` (or ``counts``) may change by epoch: a callable
+``epoch -> list``, or a list of stages ``[(epochs, list), ...]`` where the last
+stage lasts forever. Counts are a pure function of the epoch, so a resumed
+run takes exactly the same ones (the state carries them and refuses a
+mismatch).
+
+All sources are read through one combined index (their shards one after
+another), so one BatchMaker in each worker reads every source with the
+Mixture's decode / transform / on_error / read_mode; a source's own
+transform is not used. A source's order and seed are its own (a
+ShardDataset given as a source keeps them; a path gets ``shuffle`` and a
+seed derived from ``seed`` and its position).
+"""
+
+from __future__ import annotations
+
+import os
+from fractions import Fraction
+from typing import Callable
+
+import numpy as np
+
+from shardfeed.formats.index import DatasetIndex
+from shardfeed.loader import topology as _topology
+from shardfeed.loader.batcher import BatchMaker
+from shardfeed.loader.dataset import ShardDataset
+from shardfeed.loader.errors import ErrorPolicy
+from shardfeed.loader.mixture_feed import MAX_EPOCH_SAMPLES, MixtureFeed
+from shardfeed.loader.schedule import BatchSchedule
+
+
+def apportion(total: int, weights) -> list[int]:
+    """``total`` split by ``weights`` exactly (Hamilton's largest remainder; ties to the lower index)."""
+    w = [Fraction(x) for x in weights]
+    s = sum(w)
+    quotas = [total * x / s for x in w]
+    out = [int(q) for q in quotas]
+    order = sorted(range(len(w)), key=lambda i: (-(quotas[i] - out[i]), i))
+    for i in order[:total - sum(out)]:
+        out[i] += 1
+    return out
+
+
+def _stages(value, name: str) -> Callable[[int], list] | None:
+    """A per-epoch rule from a fixed list, a callable, or [(epochs, list), ...]."""
+    if value is None:
+        return None
+    if callable(value):
+        return value
+    value = list(value)
+    if value and all(isinstance(v, (tuple, list)) and len(v) == 2 and isinstance(v[1], (tuple, list))
+                     for v in value):
+        stages = [(int(e), list(v)) for e, v in value]
+        if any(e < 1 for e, _ in stages):
+            raise ValueError(f"{name}={value!r}: every stage needs epochs >= 1")
+
+        def at(epoch: int) -> list:
+            for e, v in stages:
+                if epoch < e:
+                    return v
+                epoch -= e
+            return stages[-1][1]
+
+        return at
+    return lambda epoch: value
+
+
+class Mixture:
+    """Several datasets mixed with exact per-epoch counts (see the module docstring).
+
+    sources: paths / URLs or ShardDataset objects. weights: one number >= 0
+    per source (default: the sources' sizes), or a schedule of them. counts:
+    samples per source per epoch (or a schedule), instead of weights.
+    epoch_samples: samples per epoch with weights (default: all sources'
+    samples). Follow sources (streaming) are not mixed yet.
+    """
+
+    def __init__(self, sources, weights=None, counts=None, epoch_samples: int | None = None, seed: int = 0,
+                 shuffle: str = "global", decode: bool = True, transform: Callable | None = None,
+                 rank: int | None = None, world_size: int | None = None, drop_last: bool = False,
+                 on_error: str = "raise", read_mode: str = "pread"):
+        if isinstance(sources, (str, os.PathLike, ShardDataset)) or not sources:
+            raise ValueError(f"sources={sources!r} must be a non-empty list of dataset paths or ShardDatasets")
+        if weights is not None and counts is not None:
+            raise ValueError("give weights or counts, not both")
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+            raise TypeError(f"seed must be an int, got {seed!r}")
+        self.seed = int(seed)
+        self.sources: list[ShardDataset] = []
+        for i, s in enumerate(sources):
+            if not isinstance(s, ShardDataset):
+                s = ShardDataset(s, shuffle=shuffle, seed=self.seed * 1_000_003 + i, rank=0, world_size=1)
+            if s.follow:
+                raise NotImplementedError(
+                    f"source {i} ({s.source}) has follow=True: mixing a growing dataset is not built yet; "
+                    "read it alone with ShardDataset(follow=True, replay=...) to mix new data with older samples")
+            self.sources.append(s)
+        self.names = [s.source for s in self.sources]
+        self.sizes = [int(s.index.num_samples) for s in self.sources]
+        if epoch_samples is not None and (isinstance(epoch_samples, bool) or not isinstance(epoch_samples, int)
+                                          or epoch_samples < 1):
+            raise ValueError(f"epoch_samples={epoch_samples!r} must be an int >= 1")
+        self.epoch_samples = sum(self.sizes) if epoch_samples is None else epoch_samples
+        self._weights = _stages(weights, "weights")
+        self._counts = _stages(counts, "counts")
+        if self._weights is None and self._counts is None:
+            self._weights = _stages(self.sizes, "weights")
+        self.decode, self.transform, self.read_mode = bool(decode), transform, read_mode
+        self.drop_last = bool(drop_last)
+        self.on_error = on_error
+        self.policy = ErrorPolicy(on_error)
+        self.topology = _topology.detect(rank, world_size)
+        self.follow = False
+        self.epoch = 0
+        self.image_size: int | None = None
+        self._memo: dict[int, list[int]] = {}
+        self._starts: list[tuple[int, list[int]]] = [(0, [0] * len(self.sources))]
+        self.index = self._combined_index()
+        self.counts_at(0)  # check the first epoch's counts now
+
+    # -- topology and epochs ------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self.topology.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.topology.world_size
+
+    def set_epoch(self, epoch: int) -> None:
+        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
+            raise ValueError(f"epoch={epoch!r} must be an int >= 0")
+        self.epoch = int(epoch)
+
+    # -- counts ------------------------------------------------------------
+    def counts_at(self, epoch: int) -> list[int]:
+        """Samples of each source in ``epoch`` (exact, the same on every rank and run)."""
+        got = self._memo.get(epoch)
+        if got is not None:
+            return got
+        m = len(self.sources)
+        if self._counts is not None:
+            raw = list(self._counts(epoch))
+            what = "counts"
+        else:
+            raw = list(self._weights(epoch))
+            what = "weights"
+        if len(raw) != m or any(isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating))
+                                or v < 0 for v in raw) or sum(raw) <= 0:
+            raise ValueError(f"{what} of epoch {epoch} = {raw!r}: give one number >= 0 per source ({m} sources: "
+                             f"{self.names}), not all zero")
+        if what == "counts":
+            if any(int(v) != v for v in raw):
+                raise ValueError(f"counts of epoch {epoch} = {raw!r} must be whole numbers of samples")
+            out = [int(v) for v in raw]
+        else:
+            out = apportion(self.epoch_samples, raw)
+        if sum(out) >= MAX_EPOCH_SAMPLES:
+            raise ValueError(f"epoch {epoch} mixes {sum(out)} samples; at most {MAX_EPOCH_SAMPLES - 1} per epoch "
+                             "(split it into shorter epochs)")
+        self._memo[epoch] = out
+        return out
+
+    def epoch_total(self, epoch: int) -> int:
+        return sum(self.counts_at(epoch))
+
+    def starts_at(self, epoch: int) -> list[int]:
+        """Each source's stream position at the start of ``epoch`` (the counts of earlier epochs summed)."""
+        e, acc = self._starts[-1]
+        if e > epoch:
+            e, acc = self._starts[0]
+        acc = list(acc)
+        while e < epoch:
+            acc = [a + c for a, c in zip(acc, self.counts_at(e))]
+            e += 1
+        if e > self._starts[-1][0]:
+            self._starts.append((e, acc))
+            del self._starts[1:-1]
+        return acc
+
+    # -- what a Loader needs -----------------------------------------------
+    def specs(self):
+        return [s.spec for s in self.sources]
+
+    def offsets(self) -> list[int]:
+        return [int(x) for x in np.cumsum([0] + self.sizes[:-1])]
+
+    def fingerprint(self) -> dict:
+        return {"mixture": [[s.index.num_samples, len(s.index), s.order.value, s.seed] for s in self.sources],
+                "epoch_samples": self.epoch_samples, "drop_last": self.drop_last}
+
+    def feed(self, schedule: BatchSchedule) -> MixtureFeed:
+        t = self.topology
+        return MixtureFeed(self, schedule, t.rank, t.world_size, t.ranks_per_node, epoch=self.epoch)
+
+    def maker(self, collate_fn: Callable | None = None, decode: bool | None = None) -> BatchMaker:
+        return BatchMaker(self.index, decode=self.decode if decode is None else decode, transform=self.transform,
+                          collate_fn=collate_fn, policy=self.policy, read_mode=self.read_mode)
+
+    def unbatched_plan(self, epoch: int | None = None):
+        """This rank's plan dealt one sample per rank per step (warms a worker's jitted code)."""
+        feed = self.feed(BatchSchedule.of(1))
+        return feed.plan(self.epoch if epoch is None else epoch)
+
+    def source_of(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Combined ids -> (source, id inside the source)."""
+        off = np.asarray(self.offsets(), np.int64)
+        src = np.searchsorted(off, ids, side="right") - 1
+        return src, ids - off[src]
+
+    def __len__(self) -> int:
+        """This rank's samples of the current epoch (equal shares; padding included)."""
+        n, w = self.epoch_total(self.epoch), self.world_size
+        return n // w if self.drop_last else -(-n // w)
+
+    def _combined_index(self) -> DatasetIndex:
+        roots = [os.path.abspath(s.index.root.removeprefix("file://")) for s in self.sources]
+        root = os.path.commonpath(roots) if len(set(roots)) > 1 else roots[0]
+        names, formats, counts, sizes, hashes, fields, tables = [], [], [], [], [], [], {}
+        for s, r in zip(self.sources, roots):
+            if "://" in s.index.root and not s.index.root.startswith("file://"):
+                raise NotImplementedError(f"{s.index.root}: remote sources are not mixed yet")
+            rel = os.path.relpath(r, root)
+            prefix = "" if rel in ("", ".") else rel.replace(os.sep, "/") + "/"
+            for row, table in s.index.tables.items():
+                tables[len(names) + row] = table
+            names += [prefix + n for n in s.index.names]
+            formats += s.index.formats
+            counts += s.index.counts.tolist()
+            sizes += s.index.sizes.tolist()
+            hashes += s.index.hashes
+            fields += [f for f in s.index.fields if f not in fields]
+        idx = DatasetIndex(root, names, formats, counts, sizes, hashes, fields, {"mixture": True})
+        idx.tables = tables
+        return idx
+
+    def __repr__(self) -> str:
+        return (f"Mixture({self.names!r}, counts(epoch {self.epoch})={self.counts_at(self.epoch)}, "
+                f"rank={self.rank}/{self.world_size})")
