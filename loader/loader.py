@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from shardfeed.loader import state as _state
+from shardfeed.loader.audit import AuditRecorder
 from shardfeed.loader.collate import materialize
 from shardfeed.loader.dataset import ShardDataset
 from shardfeed.loader.schedule import BatchSchedule, Stage
@@ -55,9 +56,12 @@ class Loader:
     """
 
     def __init__(self, dataset: ShardDataset, batch_size, num_workers: int = 0, prefetch: int = 2,
-                 collate_fn: Callable | None = None, pin_memory: bool = False, multiprocessing_context=None):
-        if not isinstance(dataset, ShardDataset):
-            raise TypeError(f"dataset must be a shardfeed.loader.ShardDataset, got {type(dataset).__name__}")
+                 collate_fn: Callable | None = None, pin_memory: bool = False, multiprocessing_context=None,
+                 audit: bool = False):
+        from shardfeed.loader.mixture import Mixture
+
+        if not isinstance(dataset, (ShardDataset, Mixture)):
+            raise TypeError(f"dataset must be a shardfeed.loader.ShardDataset or Mixture, got {type(dataset).__name__}")
         for name, v, lo in (("num_workers", num_workers, 0), ("prefetch", prefetch, 1)):
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ValueError(f"{name}={v!r} must be an int >= {lo}")
@@ -83,6 +87,8 @@ class Loader:
         self._stats = LoaderStats()
         self._closed = False
         self._gen = 0  # iteration generation: an older iterator stops when a new one starts
+        # audit=True records what this rank delivered, a bit per sample (audit.py)
+        self._audit = AuditRecorder(self.feed, dataset) if audit else None
 
     # -- epochs and stages ---------------------------------------------
     def stage(self, epoch: int | None = None) -> Stage:
@@ -129,6 +135,8 @@ class Loader:
                 t1 = time.perf_counter()
                 batch = materialize(cols, self.pin_memory)
                 self._account(info, resumed, t1)
+                if self._audit is not None:
+                    self._audit.record(item)
                 self._pos = item.state
                 yield batch
                 resumed = time.perf_counter()
@@ -143,6 +151,8 @@ class Loader:
                 st.elapsed_s += time.perf_counter() - st.started
                 st.started = None
         # the epoch is complete: move on to the next one
+        if self._audit is not None:
+            self._audit.end_epoch(self.epoch)
         feed.reset(self._pos)
         feed.next_epoch()
         self._pos = feed.get_state()
@@ -220,6 +230,13 @@ class Loader:
         self.feed.reset(_state.feed_state(state))
         self._pos = self.feed.get_state()
         self.dataset.set_epoch(self.epoch)
+
+    def audit_state(self) -> dict:
+        """What this rank delivered so far (``audit=True``): bitmaps per epoch and source, for
+        ``shardfeed audit``; save it beside a checkpoint with ``shardfeed.loader.audit.save``."""
+        if self._audit is None:
+            raise RuntimeError("this Loader records no audit; create it with audit=True")
+        return self._audit.state()
 
     # -- stats and lifecycle ---------------------------------------------
     def stats(self) -> dict:
