@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from shardfeed.formats.errors import ShardError
 from shardfeed.formats.sidecar import table_digest
+from shardfeed.formats.sources import ShardPath, expand_source, is_pattern
 
 INDEX_NAME = "index.arrow"
 LOG_DIR = "_log"
@@ -88,6 +89,9 @@ class DatasetIndex:
         self.fields = tuple(fields)
         self.meta = dict(meta or {})
         self.tables: dict[int, object] = {}  # shard -> SampleTable for shards scanned on open
+        # (path, reason) of each foreign shard left out on open under on_error="skip"
+        self.skipped: list[tuple[str, str]] = []
+        self._rows: dict[str, int] | None = None
         n = len(self.names)
         if not (len(self.formats) == len(self.counts) == len(self.sizes) == len(self.hashes) == n):
             raise ShardError(root, "index columns disagree in length (broken index)")
@@ -112,6 +116,12 @@ class DatasetIndex:
 
     def path(self, i: int) -> str:
         return join(self.root, self.names[i])
+
+    def row_of(self, name: str) -> int | None:
+        """The row of the shard called ``name`` (relative to the root), or None."""
+        if self._rows is None:
+            self._rows = {n: i for i, n in enumerate(self.names)}
+        return self._rows.get(name)
 
     def locate(self, sample_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Global sample ids -> (shard, index inside the shard)."""
@@ -276,15 +286,32 @@ def _base_log_seq(root: str) -> int:
     return int(meta.get("log_seq", 0))
 
 
-def open_index(source: str, follow_log: bool = True) -> DatasetIndex:
-    """The index of a dataset folder (or ``file://`` URL), its commit log included.
+ON_ERROR = ("raise", "skip")
 
-    A folder with no index but WebDataset tars (or a single ``.tar`` file) is
-    indexed by scanning each tar once, in memory.
+
+def open_index(source, follow_log: bool = True, on_error: str = "raise") -> DatasetIndex:
+    """The index of a dataset: a folder (or ``file://`` URL), its commit log
+    included; a shard file; a glob or brace pattern of shard files; or a list
+    or tuple of paths and patterns (see shardfeed.formats.sources).
+
+    A folder with no index but WebDataset tars is indexed by scanning each tar
+    once, in memory; so is a foreign tar named by a pattern or a list.
+    on_error: ``"raise"`` (default) raises ShardError at the first foreign tar
+    that cannot be scanned; ``"skip"`` leaves it out and records
+    ``(path, reason)`` in ``DatasetIndex.skipped``. A source that names
+    nothing (an empty pattern, a missing file) raises under either policy:
+    that is a mistake in the source, not damaged data.
     """
-    root = _local_root(str(source))
+    if on_error not in ON_ERROR:
+        raise ValueError(f"on_error={on_error!r} is not one of {ON_ERROR}; use 'raise' to stop at the first "
+                         "unreadable shard or 'skip' to leave it out and record it")
+    if isinstance(source, (list, tuple)):
+        return _open_shards(expand_source(source), follow_log, on_error)
+    root = _local_root(os.fspath(source))
     if os.path.isfile(root):
-        return _scan_foreign(os.path.dirname(root) or ".", [os.path.basename(root)])
+        return _open_shards([ShardPath(root, True, root)], follow_log, on_error)
+    if not os.path.exists(root) and is_pattern(root):
+        return _open_shards(expand_source(root), follow_log, on_error)
     if not os.path.isdir(root):
         raise ShardError(root, "dataset not found (no such folder or file)")
     path = os.path.join(root, INDEX_NAME)
@@ -299,7 +326,7 @@ def open_index(source: str, follow_log: bool = True) -> DatasetIndex:
             shards = sorted(n for n in os.listdir(root) if n.endswith((".tar", ".tgz", ".tar.gz", ".tar.zst")))
             if not shards:
                 raise ShardError(root, f"no {INDEX_NAME}, no commit log and no tar shards here")
-            return _scan_foreign(root, shards)
+            return _scan_foreign(root, shards, on_error)
     entries = read_log(root, after=log_seq) if follow_log else []
     if entries:
         names = list(names) + [e.name for _, e in entries]
@@ -318,21 +345,108 @@ def compact(root: str) -> DatasetIndex:
     return idx
 
 
-def _scan_foreign(root: str, names: list[str]) -> DatasetIndex:
+def _scan_foreign(root: str, names: list[str], on_error: str = "raise") -> DatasetIndex:
+    return _assemble([(root, name, None) for name in names], on_error, selected=False)
+
+
+def _scan_one(path: str, name: str):
+    """(ShardInfo, SampleTable) of a foreign tar; any failure is a ShardError naming it."""
     from shardfeed.formats.readers import hash_file, load_tar_stream
     from shardfeed.formats.sidecar import scan_tar
 
-    rows, tables, fields = [], {}, []
-    for i, name in enumerate(names):
-        path = os.path.join(root, name)
-        data = load_tar_stream(path, format_of(name))
+    fmt = format_of(name)
+    try:
+        data = load_tar_stream(path, fmt)
         table = scan_tar(data, path)
-        tables[i] = table
-        for f in table.fields:
+        # On success nothing refers to the mapping any more; after a failure the
+        # traceback's frames may (close() would raise BufferError): GC unmaps it.
+        if hasattr(data, "close"):
+            data.close()
+        return ShardInfo(name, fmt, len(table), os.path.getsize(path), hash_file(path)), table
+    except OSError as e:  # unreadable (permissions, I/O error) is bad data too, named like the rest
+        raise ShardError(path, f"cannot be read: {e.strerror or e}") from e
+
+
+# -- indexes of shard lists and patterns ----------------------------------
+# A shard named by a list or pattern is taken from the index of the folder it
+# sits in when that folder is a shardfeed dataset (index.arrow or a commit
+# log): its row (count, size, hash) and its sidecar are used, nothing is
+# scanned, and the result is those rows in the order named. A shard in a
+# folder without an index is a foreign tar and is scanned as a folder of them
+# is. A file in an indexed folder that its index does not list is not
+# published yet: a glob passes over it (a writer may be about to commit it),
+# a name given outright is an error. Shards from several folders share one
+# index whose root is their common folder, names relative to it.
+
+
+def _open_shards(paths: list[ShardPath], follow_log: bool, on_error: str) -> DatasetIndex:
+    folders: dict[str, DatasetIndex | None] = {}
+    picked = []  # (folder, name, the folder's index or None for a foreign tar)
+    for sp in paths:
+        folder = os.path.dirname(sp.path) or "."
+        if folder not in folders:
+            folders[folder] = _folder_index(folder, follow_log)
+        base = folders[folder]
+        name = os.path.basename(sp.path)
+        if base is None:
+            picked.append((folder, name, None))
+            continue
+        row = base.row_of(name)
+        if row is None:
+            if sp.explicit:
+                raise ShardError(sp.path, f"is not listed in {os.path.join(folder, INDEX_NAME)} or its commit "
+                                          "log (not a published shard of that dataset)")
+            continue
+        picked.append((folder, name, base))
+    if not picked:
+        raise ShardError(paths[0].named_by, "matches no published shard (the files it matches are not in "
+                                            "their dataset's index yet)")
+    return _assemble(picked, on_error, selected=True)
+
+
+def _folder_index(folder: str, follow_log: bool) -> DatasetIndex | None:
+    if not (os.path.exists(os.path.join(folder, INDEX_NAME)) or os.path.isdir(os.path.join(folder, LOG_DIR))):
+        return None
+    return open_index(folder, follow_log)
+
+
+def _assemble(picked: list, on_error: str, selected: bool) -> DatasetIndex:
+    """One index over (folder, name, folder's index or None to scan) rows;
+    ``selected`` marks a choice of shards rather than a whole folder."""
+    dirs = list(dict.fromkeys(folder for folder, _, _ in picked))
+    if len(dirs) == 1:
+        root, prefix = dirs[0], {dirs[0]: ""}
+    else:
+        root = os.path.commonpath([os.path.abspath(d) for d in dirs])
+        prefix = {d: _rel_prefix(os.path.relpath(os.path.abspath(d), root)) for d in dirs}
+    rows, tables, fields, skipped, scanned = [], {}, [], [], False
+    for folder, name, base in picked:
+        if base is not None:
+            info = base.shard(base.row_of(name))
+            table, shard_fields = None, base.fields
+        else:
+            scanned = True
+            try:
+                info, table = _scan_one(join(folder, name), name)
+            except ShardError as e:
+                if on_error != "skip":
+                    raise
+                skipped.append((e.shard, e.reason))
+                continue
+            shard_fields = table.fields
+        if table is not None:
+            tables[len(rows)] = table
+        rows.append(ShardInfo(prefix[folder] + info.name, info.format, info.samples, info.bytes, info.hash))
+        for f in shard_fields:
             if f not in fields:
                 fields.append(f)
-        rows.append(ShardInfo(name, format_of(name), len(table), os.path.getsize(path), hash_file(path)))
+    meta = {**({"selected": True} if selected else {}), **({"scanned": True} if scanned else {})}
     idx = DatasetIndex(root, [r.name for r in rows], [r.format for r in rows], [r.samples for r in rows],
-                       [r.bytes for r in rows], [r.hash for r in rows], fields, {"scanned": True})
+                       [r.bytes for r in rows], [r.hash for r in rows], fields, meta)
     idx.tables = tables
+    idx.skipped = skipped
     return idx
+
+
+def _rel_prefix(rel: str) -> str:
+    return "" if rel in ("", ".") else rel.replace(os.sep, "/") + "/"
