@@ -1,9 +1,12 @@
 """`shardfeed inspect DST`: counts, sizes, fields, formats and a few samples of a dataset.
 
 Works on a shardfeed dataset folder and on foreign WebDataset tars (a tar
-file or a folder of them, scanned once since they have no index). Byte
-fields are shown as their length and first bytes; pickle is never decoded.
-Exit codes: 0 shown; 2 the dataset could not be opened or read.
+file or a folder of them, scanned once since they have no index), and on a
+glob or brace pattern of shards. A foreign tar that cannot be scanned is
+listed as unreadable and the rest is shown (`shardfeed verify` checks it).
+Byte fields are shown as their length and first bytes; pickle is never decoded.
+Exit codes: 0 shown; 2 the dataset could not be opened or read (or no shard of
+it could).
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ PREVIEW_BYTES = 12
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = __doc__.splitlines()[0]
-    p.add_argument("dst", metavar="DST", help="dataset folder, tar file or folder of WebDataset tars")
+    p.add_argument("dst", metavar="DST", help="dataset folder, tar file, folder of WebDataset tars, or a glob "
+                                              "or brace pattern of shards (quote it)")
     p.add_argument("--samples", type=int, default=3, metavar="K",
                    help="show K samples spread evenly over the dataset (3; 0 for none)")
     p.add_argument("--shards", action="store_true", help="also list every shard (name, format, samples, bytes)")
@@ -79,6 +83,7 @@ def describe(index, samples: int = 3, list_shards: bool = False) -> dict:
         "fields": list(index.fields),
         "shard_bytes": _dist(index.sizes),
         "shard_samples": _dist(index.counts),
+        "unreadable": [{"shard": path, "reason": reason} for path, reason in index.skipped],
     }
     classes = os.path.join(index.root, "classes.txt")
     if os.path.isfile(classes):
@@ -113,6 +118,8 @@ def render(info: dict) -> str:
         f"shard bytes    min {human_bytes(sb['min'])}  median {human_bytes(sb['median'])}  max {human_bytes(sb['max'])}",
         f"shard samples  min {ss['min']:,}  median {ss['median']:,}  max {ss['max']:,}",
     ]
+    for bad in info.get("unreadable", []):
+        lines.append(f"unreadable     {bad['shard']}: {bad['reason']}")
     if "classes" in info:
         c = info["classes"]
         lines.append(f"classes        {c['count']:,} (classes.txt: {', '.join(c['first'])}"
@@ -136,7 +143,12 @@ def main(args) -> int:
         print(f"shardfeed inspect: error: --samples {args.samples} must be 0 or more", file=sys.stderr)
         return 2
     try:
-        info = describe(open_index(args.dst), args.samples, args.shards)
+        index = open_index(args.dst, on_error="skip")
+        if len(index) == 0 and index.skipped:
+            path, reason = index.skipped[0]
+            raise ShardError(path, reason + (f" (and {len(index.skipped) - 1} more unreadable shards)"
+                                             if len(index.skipped) > 1 else ""))
+        info = describe(index, args.samples, args.shards)
     except ShardError as e:
         print(f"shardfeed inspect: error: {e}", file=sys.stderr)
         return 2

@@ -3,7 +3,9 @@
 Per shard: present, size and content hash as the index says, sample count,
 the sidecar's offsets against a fresh scan of the tar headers, and every
 sample's checksum (Parquet/Arrow: every row group read and validated).
-Prints ``BAD <shard>: <reason>`` for each bad shard.
+Prints ``BAD <shard>: <reason>`` for each bad shard. DST may also be a glob
+or brace pattern of shards (quote it); a foreign tar that cannot even be
+scanned is a bad shard, named like the others, not the end of the check.
 Exit codes: 0 all good; 1 one or more bad shards; 2 the dataset (its index)
 cannot be opened at all.
 """
@@ -25,7 +27,8 @@ _SHARD_SUFFIXES = (".tar", ".tgz", ".tar.gz", ".tar.zst", ".parquet", ".arrow")
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = __doc__.splitlines()[0]
-    p.add_argument("dst", metavar="DST", help="dataset folder, tar file or folder of WebDataset tars")
+    p.add_argument("dst", metavar="DST", help="dataset folder, tar file, folder of WebDataset tars, or a glob "
+                                              "or brace pattern of shards (quote it)")
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="check N shards at a time (threads; 1)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
@@ -103,32 +106,25 @@ def unlisted_files(index) -> list[str]:
 
     if not os.path.isdir(index.root):
         return []
-    listed = set(index.names)
+    listed = set(index.names) | {os.path.basename(p) for p, _ in index.skipped}  # skipped: named BAD already
     return sorted(n for n in os.listdir(index.root)
                   if n.endswith(_SHARD_SUFFIXES) and n not in listed and n != INDEX_NAME and not n.startswith("."))
 
 
 def _open(dst: str):
-    """(index, shard numbers to check); a shard file inside an indexed dataset is
-    checked against that dataset's index."""
-    from shardfeed.formats import ShardError, open_index
-    from shardfeed.formats.index import INDEX_NAME
+    """(index, shard numbers to check). A shard file inside an indexed dataset
+    is checked against that dataset's index (open_index takes its row); foreign
+    tars that cannot be scanned land in ``index.skipped``, to be reported."""
+    from shardfeed.formats import open_index
 
-    parent = os.path.dirname(os.path.abspath(dst))
-    if os.path.isfile(dst) and os.path.exists(os.path.join(parent, INDEX_NAME)):
-        index = open_index(parent)
-        name = os.path.basename(dst)
-        if name not in index.names:
-            raise ShardError(dst, f"is not listed in {os.path.join(parent, INDEX_NAME)}")
-        return index, [index.names.index(name)]
-    index = open_index(dst)
+    index = open_index(dst, on_error="skip")
     return index, list(range(len(index)))
 
 
 def main(args) -> int:
     from tqdm import tqdm
 
-    from shardfeed.formats import ShardError, open_index
+    from shardfeed.formats import ShardError
 
     if args.jobs < 1:
         print(f"shardfeed verify: error: --jobs {args.jobs} must be 1 or more", file=sys.stderr)
@@ -139,6 +135,9 @@ def main(args) -> int:
     except ShardError as e:
         print(f"shardfeed verify: error: {e}", file=sys.stderr)
         return 2
+    # scanning happened on open, so these come first, in the order scanned
+    for path, reason in index.skipped:
+        print(f"BAD {path}: {reason}")
     bad = []
     total = int(index.sizes[shards].sum()) if shards else 0
     with tqdm(total=total, unit="B", unit_scale=True, desc="verify", file=sys.stderr,
@@ -155,8 +154,9 @@ def main(args) -> int:
         print("note: no index here; the tars were scanned now, so hashes were not checked against a record")
     secs = time.perf_counter() - t0
     mb_s = total / 1e6 / max(secs, 1e-9)
-    verdict = f"{len(bad)} bad shard{'s' if len(bad) != 1 else ''}" if bad else "all good"
+    n_bad = len(bad) + len(index.skipped)
+    verdict = f"{n_bad} bad shard{'s' if n_bad != 1 else ''}" if n_bad else "all good"
     samples = int(index.counts[shards].sum()) if shards else 0
-    print(f"verified {len(shards):,} shards, {samples:,} samples, {human_bytes(total)} "
+    print(f"verified {len(shards) + len(index.skipped):,} shards, {samples:,} samples, {human_bytes(total)} "
           f"in {secs:.2f} s ({mb_s:.1f} MB/s): {verdict}")
-    return 1 if bad else 0
+    return 1 if n_bad else 0
