@@ -41,15 +41,20 @@ def _bits(n: int) -> np.ndarray:
     return np.zeros((n + 7) // 8, np.uint8)
 
 
-def mark(bits: np.ndarray, ids: np.ndarray) -> int:
-    """Set ``ids`` in ``bits``; returns how many of them were set before (or repeat within ``ids``)."""
+def mark(bits: np.ndarray, ids: np.ndarray) -> tuple[int, np.ndarray]:
+    """Set ``ids`` in ``bits``: (how many were set before or repeat within ``ids``, those ids)."""
     if ids.size == 0:
-        return 0
-    uniq = np.unique(ids)
+        return 0, ids
+    srt = np.sort(ids)
+    dup = srt[1:] == srt[:-1]
+    uniq = srt[np.concatenate(([True], ~dup))]
     byte, mask = uniq >> 3, (128 >> (uniq & 7)).astype(np.uint8)
-    before = int(np.count_nonzero(bits[byte] & mask))
-    np.bitwise_or.at(bits, byte, mask)
-    return before + int(ids.size - uniq.size)
+    set_before = (bits[byte] & mask) != 0
+    # ids sharing a byte are adjacent (sorted): OR their masks, then one store per byte
+    starts = np.flatnonzero(np.concatenate(([True], byte[1:] != byte[:-1])))
+    bits[byte[starts]] |= np.bitwise_or.reduceat(mask, starts)
+    again = np.concatenate((uniq[set_before], srt[1:][dup]))
+    return int(again.size), again
 
 
 def popcount(bits: np.ndarray) -> int:
@@ -123,13 +128,11 @@ class AuditRecorder:
             src, local = self._split(ids)
             parts = [(int(i), local[src == i]) for i in np.unique(src).tolist()]
         for i, part in parts:
-            bits = rec["bits"][i]
-            ex = rec["examples"][i]
-            if len(ex) < _EXAMPLES and part.size:
-                u, n = np.unique(part, return_counts=True)
-                again = (n > 1) | ((bits[u >> 3] & (128 >> (u & 7)).astype(np.uint8)) != 0)
-                ex.extend(int(x) for x in u[again][:_EXAMPLES - len(ex)])
-            rec["extra"][i] += mark(bits, part)
+            extra, again = mark(rec["bits"][i], part)
+            if extra:
+                rec["extra"][i] += extra
+                ex = rec["examples"][i]
+                ex.extend(int(x) for x in np.unique(again)[:max(0, _EXAMPLES - len(ex))])
             rec["delivered"][i] += int(part.size)
 
     def end_epoch(self, epoch: int) -> None:
