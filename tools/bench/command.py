@@ -3,6 +3,7 @@
     shardfeed bench read      read throughput against peers (bench_read)
     shardfeed bench shuffle   shuffle quality (bench_shuffle)
     shardfeed bench formats   format size and speed (bench_formats)
+    shardfeed bench mix       mixing overhead and audit memory (bench_mix)
     shardfeed bench all       each of the above in turn
 
 Each benchmark is its own module with ``add_arguments`` and ``main``; one that
@@ -22,6 +23,7 @@ BENCHES = {
     "read": ("shardfeed.tools.bench.read", "read throughput of shardfeed and its peers, side by side"),
     "shuffle": ("shardfeed.tools.bench.shuffle", "shuffle quality against peers"),
     "formats": ("shardfeed.tools.bench.formats", "shard formats: size on disk and speed"),
+    "mix": ("shardfeed.tools.bench.mix", "mixing overhead of a 3-source Mixture and the audit's memory"),
 }
 
 
@@ -43,7 +45,7 @@ def _add_out(parser: argparse.ArgumentParser) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__.strip()
-    sub = parser.add_subparsers(dest="bench", required=True, metavar="{read,shuffle,formats,all}")
+    sub = parser.add_subparsers(dest="bench", required=True, metavar="{" + ",".join(BENCHES) + ",all}")
     for name, (_, help_text) in BENCHES.items():
         # a benchmark's own add_arguments may set a longer description
         p = sub.add_parser(name, help=help_text, description=help_text, formatter_class=HelpFormatter)
