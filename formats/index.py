@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import posixpath
-import re
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -32,7 +30,6 @@ LOG_DIR = "_log"
 INDEX_VERSION = 1
 HASH_ALGO = "xxh3_128"
 FORMATS = ("tar", "tar.gz", "tar.zst", "parquet", "arrow")
-_SEQ_RE = re.compile(r"^(\d{12})\.json$")
 
 
 @dataclass(frozen=True)
@@ -225,65 +222,19 @@ def _read_index_file(path: str, root: str) -> tuple[dict, list]:
 
 
 def read_log(root: str, after: int = 0) -> list[tuple[int, ShardInfo]]:
-    """Published shards with sequence number > ``after``, in commit order."""
-    log = os.path.join(root, LOG_DIR)
-    try:
-        entries = sorted(os.listdir(log))
-    except FileNotFoundError:
-        return []
-    out = []
-    for e in entries:
-        m = _SEQ_RE.match(e)
-        if not m or int(m.group(1)) <= after:
-            continue
-        path = os.path.join(log, e)
-        try:
-            with open(path, "rb") as f:
-                rec = json.loads(f.read(1 << 16))
-            info = ShardInfo(check_shard_name(rec["name"], path), rec["format"], int(rec["samples"]),
-                             int(rec["bytes"]), str(rec["hash"]))
-        except (ValueError, KeyError, TypeError) as err:
-            raise ShardError(path, f"commit log entry is malformed: {err}") from err
-        if info.format not in FORMATS or info.samples < 0 or info.bytes < 0:
-            raise ShardError(path, f"commit log entry has bad values {rec!r}")
-        out.append((int(m.group(1)), info))
-    return out
+    """Published shards with sequence number > ``after``, in commit order (an end-of-stream
+    commit is left out; see formats/commit_log.py, which owns the log)."""
+    from shardfeed.formats import commit_log  # it builds on this module
+
+    return commit_log.read_log(root, after)
 
 
 def publish(root: str, info: ShardInfo) -> int:
-    """Commit one completely written shard to a live dataset; returns its sequence number.
+    """Commit one completely written shard to a live dataset; returns its sequence number
+    (create-if-absent, no holes; ShardError once the stream has ended)."""
+    from shardfeed.formats import commit_log
 
-    The entry is written to a temp file and hard-linked to the next free
-    sequence number: link() fails if the name exists, so concurrent writers
-    never overwrite each other and a reader never sees a partial entry.
-    """
-    check_shard_name(info.name, root)
-    log = os.path.join(root, LOG_DIR)
-    os.makedirs(log, exist_ok=True)
-    tmp = os.path.join(log, f".tmp-{os.getpid()}-{id(info)}")
-    with open(tmp, "w") as f:
-        json.dump(info.__dict__, f)
-        f.flush()
-        os.fsync(f.fileno())
-    existing = [int(m.group(1)) for e in os.listdir(log) if (m := _SEQ_RE.match(e))]
-    seq = max(existing, default=_base_log_seq(root)) + 1
-    try:
-        while True:
-            try:
-                os.link(tmp, os.path.join(log, f"{seq:012d}.json"))
-                return seq
-            except FileExistsError:
-                seq += 1
-    finally:
-        os.unlink(tmp)
-
-
-def _base_log_seq(root: str) -> int:
-    path = os.path.join(root, INDEX_NAME)
-    if not os.path.exists(path):
-        return 0
-    meta, _ = _read_index_file(path, root)
-    return int(meta.get("log_seq", 0))
+    return commit_log.publish(root, info)
 
 
 ON_ERROR = ("raise", "skip")
