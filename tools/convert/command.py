@@ -51,8 +51,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = __doc__.splitlines()[0]
     p.epilog = EPILOG
     p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.add_argument("src", metavar="SRC", help="input: folder, file or glob pattern (quote it)")
-    p.add_argument("dst", metavar="DST", help="output dataset folder (must not exist unless --overwrite)")
+    p.add_argument("src", metavar="SRC", help="input: folder, file or glob pattern (quote it); with --merge: DST")
+    p.add_argument("dst", metavar="DST", help="output dataset folder (must not exist unless --overwrite); "
+                                              "with --merge: the first part folder")
+    p.add_argument("more_parts", nargs="*", metavar="PART", help="with --merge: the other part folders")
     p.add_argument("--source-type", choices=("images", "jsonl", "csv", "parquet", "tar", "dataset"),
                    help="override the detected input kind")
     p.add_argument("--format", choices=("tar", "parquet", "arrow"), default="tar", help="shard format (tar)")
@@ -64,7 +66,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--processes", type=int, default=1, metavar="N",
                    help="write N parts in parallel processes (same samples, order and shard names as 1)")
     p.add_argument("--shuffle-seed", type=int, metavar="SEED",
-                   help="write samples in a random order fixed by SEED (fixes class-ordered inputs)")
+                   help="write samples in a random order fixed by SEED (fixes class-ordered inputs); "
+                        "O(1) memory, kept in the index")
+    p.add_argument("--shuffle-mode", choices=("auto", "permute", "buckets"), default="auto",
+                   help="permute: read samples by id in shuffled order; buckets: two passes through "
+                        "bucket files in the stage (for sources read front to back, e.g. compressed "
+                        "tars); auto picks by source (auto). Both give the same dataset")
+    p.add_argument("--part", metavar="I/N",
+                   help="write only part I of N (0-based) into DST as a part folder; publish all N with --merge")
+    p.add_argument("--merge", action="store_true",
+                   help="shardfeed convert --merge DST PART...: publish parts written with --part as one dataset")
+    p.add_argument("--engine", choices=("local", "ray"), default="local",
+                   help="local: --processes on this machine; ray: one Ray task per part, same output (local)")
+    p.add_argument("--address", metavar="ADDR",
+                   help="--engine ray: the Ray cluster to join (default: a local instance, 2 CPUs)")
     p.add_argument("--field", action="append", metavar="COL=EXT[:file|:base64]",
                    help="map a table column to a sample field (repeatable)")
     p.add_argument("--key-column", metavar="COL", help="table column holding each sample's key")
@@ -124,9 +139,45 @@ def _options(args):
         raise ValueError("arrow shards are stored uncompressed so they can be memory-mapped; drop --compression")
     if args.format == "parquet" and comp is not None and comp.lower() not in _PARQUET_CODECS:
         raise ValueError(f"--compression {comp!r} is not a Parquet codec ({', '.join(_PARQUET_CODECS)})")
+    part = None
+    if args.part is not None:
+        from shardfeed.tools.convert.parts import parse_part
+
+        part = parse_part(args.part)
+        if args.processes != 1:
+            raise ValueError("--part writes one part in one process; run the N parts side by side instead "
+                             "of passing --processes")
+    if args.address and args.engine != "ray":
+        raise ValueError("--address is the Ray cluster for --engine ray; add --engine ray or drop --address")
+    if args.engine == "ray":
+        try:
+            import ray  # noqa: F401  (checked here so the error comes before any work)
+        except ImportError:
+            raise ValueError("--engine ray needs Ray: pip install 'shardfeed[ray]'") from None
     return ConvertOptions(format=args.format, max_shard_bytes=max_bytes, max_shard_samples=args.max_shard_samples,
                           compression=comp.lower() if comp else None, processes=args.processes,
-                          shuffle_seed=args.shuffle_seed, overwrite=args.overwrite)
+                          shuffle_seed=args.shuffle_seed, overwrite=args.overwrite,
+                          shuffle_mode=args.shuffle_mode, part=part, engine=args.engine, address=args.address)
+
+
+def _merge(args) -> int:
+    from shardfeed.formats import ShardError
+    from shardfeed.tools.convert.parts import merge_parts
+
+    try:
+        result = merge_parts(args.src, [args.dst, *args.more_parts], args.overwrite)
+    except (ValueError, ShardError) as e:
+        print(f"shardfeed convert --merge: error: {e}\nnothing was written to {args.src}", file=sys.stderr)
+        return 2
+    print(f"merged {plural(len(args.more_parts) + 1, 'part')}: {plural(result.samples, 'sample')} in "
+          f"{plural(result.shards, 'shard')}, {human_bytes(result.bytes)} -> {result.root}")
+    return 0
+
+
+def fingerprint(args, source) -> str:
+    """What the source is, for the stage key: a rerun with the same arguments finds its stage."""
+    return "|".join(map(str, [os.path.abspath(args.src), source.kind, source.describe(), args.field,
+                              args.key_column, args.image_field]))
 
 
 def main(args) -> int:
@@ -138,6 +189,12 @@ def main(args) -> int:
     from shardfeed.formats.writer import check_field
     from shardfeed.tools.convert.sources import open_source
 
+    if args.merge:
+        return _merge(args)
+    if args.more_parts:
+        print(f"shardfeed convert: error: unexpected arguments {args.more_parts}; convert takes SRC DST "
+              "(several part folders go with --merge)", file=sys.stderr)
+        return 2
     try:
         opts = _options(args)
         specs = parse_field_specs(args.field)
@@ -154,7 +211,7 @@ def main(args) -> int:
                disable=not show_progress(args.quiet), file=sys.stderr)
     try:
         with _stop_on_signals():
-            result = convert(source, args.dst, opts, bar.update)
+            result = convert(source, args.dst, opts, bar.update, fingerprint(args, source))
     except ShardError as e:
         bar.close()
         print(f"shardfeed convert: error: {e}\nnothing was written to {args.dst}", file=sys.stderr)
@@ -167,6 +224,10 @@ def main(args) -> int:
         return 128 + signum
     bar.close()
     mb_s = result.bytes / 1e6 / max(result.seconds, 1e-9)
+    if opts.part is not None:
+        print(f"wrote part {opts.part[0]}/{opts.part[1]}: {plural(result.samples, 'sample')} in "
+              f"{plural(result.shards, 'shard')} -> {result.root} (publish all parts with --merge)")
+        return 0
     print(f"converted {plural(result.samples, 'sample')} into {plural(result.shards, opts.format + ' shard')}, "
           f"{human_bytes(result.bytes)} in {result.seconds:.2f} s ({mb_s:.1f} MB/s) -> {result.root}")
     return 0

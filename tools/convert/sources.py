@@ -41,6 +41,7 @@ class Source:
     """``len()`` samples, read by id with ``load_many``."""
 
     kind = "?"
+    random_access = True  # load_many of scattered ids is cheap (see order.py for the sources where not)
 
     def __len__(self) -> int:
         raise NotImplementedError
@@ -210,6 +211,9 @@ class ShardSource(UnitSource):
         self.kind = kind
         self.units = [(idx, i) for idx in indexes for i in range(len(idx))]
         super().__init__([idx.counts[i] for idx, i in self.units])
+        # A compressed tar is read front to back: a shuffled read decompresses its shard again and
+        # again, so the write-time shuffle goes through buckets (order.py) instead.
+        self.random_access = not any(idx.formats[i] in ("tar.gz", "tar.zst") for idx, i in self.units)
         self.extra = {}
         for idx in indexes:  # a dataset converted from images keeps its class names
             path = os.path.join(idx.root, "classes.txt")
