@@ -1,0 +1,106 @@
+"""A loopback HTTP file server with Range support and a fixed bandwidth.
+
+One server stands for one node's link to remote storage: every response
+body, whatever the number of connections, shares one byte budget per
+second (paced, no bursts), so fetching N bytes takes N / rate seconds as it
+would on a saturated link. For benchmarks; tests use tests/cache_servers.py.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import unquote, urlsplit
+
+_RANGE = re.compile(r"^bytes=(\d+)-(\d*)$")
+_CHUNK = 64 << 10
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: ThrottledServer
+
+    def log_message(self, *args):
+        pass
+
+    def do_HEAD(self):
+        self._serve(False)
+
+    def do_GET(self):
+        self._serve(True)
+
+    def _serve(self, body: bool):
+        rel = unquote(urlsplit(self.path).path).lstrip("/")
+        root = os.path.realpath(self.server.root)
+        path = os.path.realpath(os.path.join(root, rel))
+        if not path.startswith(root + os.sep) or not os.path.isfile(path):
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        size = os.path.getsize(path)
+        start, end, status = 0, size, 200
+        m = _RANGE.match(self.headers.get("Range", ""))
+        if m:
+            start = int(m.group(1))
+            end = min(size, int(m.group(2)) + 1) if m.group(2) else size
+            status = 206
+        self.send_response(status)
+        self.send_header("Content-Length", str(end - start))
+        self.send_header("Accept-Ranges", "bytes")
+        if status == 206:
+            self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
+        self.end_headers()
+        if not body:
+            return
+        with open(path, "rb") as f:
+            pos = start
+            while pos < end:
+                data = os.pread(f.fileno(), min(_CHUNK, end - pos), pos)
+                self.server.pace(len(data))
+                self.wfile.write(data)
+                pos += len(data)
+        self.server.count(end - start)
+
+
+class ThrottledServer(ThreadingHTTPServer):
+    """``ThrottledServer(root, bytes_per_s)``: serves ``root`` on 127.0.0.1 in a
+    thread (``with`` starts and stops it); ``url``, ``bytes_sent``."""
+
+    daemon_threads = True
+
+    def __init__(self, root: str, bytes_per_s: float):
+        super().__init__(("127.0.0.1", 0), _Handler)
+        if bytes_per_s <= 0:
+            raise ValueError(f"bytes_per_s={bytes_per_s!r} must be > 0")
+        self.root = root
+        self.rate = float(bytes_per_s)
+        self.bytes_sent = 0
+        self._mu = threading.Lock()
+        self._free_at = 0.0  # when the link is next free (monotonic)
+        self.url = f"http://127.0.0.1:{self.server_address[1]}"
+        self._thread = threading.Thread(target=self.serve_forever, name="bench-http", daemon=True)
+
+    def pace(self, n: int) -> None:
+        """Wait until ``n`` more bytes fit the link."""
+        with self._mu:
+            now = time.monotonic()
+            start = max(now, self._free_at)
+            self._free_at = start + n / self.rate
+        if start > now:
+            time.sleep(start - now)
+
+    def count(self, n: int) -> None:
+        with self._mu:
+            self.bytes_sent += n
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.shutdown()
+        self.server_close()
