@@ -21,21 +21,33 @@ def _write(root, n, seed):
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_train_two_ranks_learns_and_reports_stall(tmp_path):
-    _write(tmp_path / "train", 600, 0)
+def test_dual_batch_ranks_take_equal_steps_cover_the_epoch_once_and_loss_falls(tmp_path):
+    """Ranks with batches of 24 and 8 (global 32): the same number of steps,
+    every sample of each epoch once, a log line per 5 steps, loss going down,
+    a summary and a plot."""
+    _write(tmp_path / "train", 640, 0)
     _write(tmp_path / "eval", 200, 1)
     out = subprocess.run([EXE, "train", str(tmp_path / "train"), "--eval-data", str(tmp_path / "eval"),
-                          "--ranks", "2", "--epochs", "3", "--batch-size", "32", "--image-size", "16",
-                          "--lr", "0.1"], capture_output=True, text=True, timeout=300)
+                          "--ranks", "2", "--epochs", "3", "--batch-size", "24,8", "--image-size", "16",
+                          "--log-every", "5", "--trace", str(tmp_path / "trace"), "--plot", str(tmp_path / "p.png")],
+                         capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    lines = re.findall(r"epoch (\d): (\d+) steps/rank, ([\d,]+) samples/s, data stall ([\d.]+)s of ([\d.]+)s "
-                       r".*accuracy ([\d.]+)%", out.stdout)
-    assert [int(m[0]) for m in lines] == [0, 1, 2], out.stdout
-    # 600 samples over 2 ranks in batches of 32: ceil(300 / 32) steps on each rank.
-    assert all(int(m[1]) == 10 for m in lines)
-    assert all(0 <= float(m[3]) <= float(m[4]) for m in lines)
-    # 4 classes: chance is 25%; the synthetic classes are easy to tell apart.
-    assert float(lines[-1][5]) >= 80.0, out.stdout
+    logs = re.findall(r"step (\d+) \(epoch (\d)\): loss ([\d.]+), ([\d,]+) samples/s, data stall ([\d.]+)%",
+                      out.stdout)
+    assert [int(m[0]) for m in logs] == [5, 10, 15, 20, 25, 30, 35, 40, 45, 50, 55, 60], out.stdout
+    losses = [float(m[2]) for m in logs]
+    assert sum(losses[-3:]) < 0.8 * sum(losses[:3]), losses
+    for rank, batch in ((0, 24), (1, 8)):
+        rows = [line.split(" ") for line in (tmp_path / "trace" / f"rank{rank}-of-2.txt").read_text().splitlines()]
+        assert [int(r[0]) for r in rows] == list(range(1, 61))  # 640 / 32 = 20 steps per epoch on each rank
+        assert {len(r[2].split(",")) for r in rows} == {batch}
+    for epoch in range(3):
+        keys = [k for rank in (0, 1) for line in (tmp_path / "trace" / f"rank{rank}-of-2.txt").read_text().splitlines()
+                if line.split(" ")[1] == str(epoch) for k in line.split(" ")[2].split(",")]
+        assert sorted(keys) == [f"{i:09d}" for i in range(640)]
+    assert re.search(r"epoch 2: held-out accuracy [\d.]+% on 200 samples \(chance 25.0%\)", out.stdout), out.stdout
+    assert re.search(r"summary: 60 steps, 1,920 samples in .* data stall [\d.]+%, no cache", out.stdout)
+    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.slow
