@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from shardfeed.formats.errors import ShardError
-from shardfeed.formats.index import (FORMATS, INDEX_NAME, LOG_DIR, DatasetIndex, ShardInfo, _read_index_file,
+from shardfeed.formats.files import open_regular
+from shardfeed.formats.index import (FORMATS, MAX_COUNT, INDEX_NAME, LOG_DIR, DatasetIndex, ShardInfo, _read_index_file,
                                      check_shard_name)
 
 _SEQ_RE = re.compile(r"^(\d{12})\.json$")
@@ -47,7 +48,7 @@ class LogView:
 
 def _parse(path: str) -> dict:
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, what="commit log entry") as f:
             rec = json.loads(f.read(_MAX_ENTRY))
         if not isinstance(rec, dict):
             raise ValueError("entry is not a JSON object")
@@ -66,7 +67,7 @@ def _shard(rec: dict, path: str) -> ShardInfo:
                          int(rec["bytes"]), str(rec["hash"]))
     except (ValueError, KeyError, TypeError) as err:
         raise ShardError(path, f"commit log entry is malformed: {err!r}") from err
-    if info.format not in FORMATS or info.samples < 0 or info.bytes < 0:
+    if info.format not in FORMATS or not 0 <= info.samples < MAX_COUNT or not 0 <= info.bytes < MAX_COUNT:
         raise ShardError(path, f"commit log entry has bad values {rec!r}")
     return info
 

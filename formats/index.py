@@ -29,6 +29,7 @@ INDEX_NAME = "index.arrow"
 LOG_DIR = "_log"
 INDEX_VERSION = 1
 HASH_ALGO = "xxh3_128"
+MAX_COUNT = 1 << 62  # samples or bytes of a whole dataset; more is a forged index (int64 sums overflow)
 FORMATS = ("tar", "tar.gz", "tar.zst", "parquet", "arrow")
 
 
@@ -80,8 +81,11 @@ class DatasetIndex:
         self.root = root
         self.names = list(names)
         self.formats = list(formats)
-        self.counts = np.asarray(counts, np.int64)
-        self.sizes = np.asarray(sizes, np.int64)
+        try:
+            self.counts = np.asarray(counts, np.int64)
+            self.sizes = np.asarray(sizes, np.int64)
+        except (OverflowError, ValueError, TypeError) as e:
+            raise ShardError(root, f"index sample counts or sizes are not int64 values ({e}) (broken index)") from e
         self.hashes = list(hashes)
         self.fields = tuple(fields)
         self.meta = dict(meta or {})
@@ -94,6 +98,11 @@ class DatasetIndex:
             raise ShardError(root, "index columns disagree in length (broken index)")
         if n and (self.counts.min() < 0 or self.sizes.min() < 0):
             raise ShardError(root, "index has negative sample counts or sizes (broken index)")
+        # sums in float: int64 would wrap silently and turn sample ids negative
+        if n and (float(self.counts.sum(dtype=np.float64)) >= MAX_COUNT
+                  or float(self.sizes.sum(dtype=np.float64)) >= MAX_COUNT):
+            raise ShardError(root, f"index counts add up to more than {MAX_COUNT:,} samples or bytes "
+                                   "(int64 would overflow: broken or forged index)")
         self.offsets = np.zeros(n + 1, np.int64)
         np.cumsum(self.counts, out=self.offsets[1:])
 

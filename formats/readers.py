@@ -23,19 +23,24 @@ import pyarrow.parquet as pq
 import xxhash
 import zstandard
 
+from shardfeed.formats import decompressed
+from shardfeed.formats.arrow_checksums import check_batch
 from shardfeed.formats.errors import ShardError
+from shardfeed.formats.files import check_regular, open_regular
 from shardfeed.formats.sidecar import SIDECAR_SUFFIX, SampleTable, read_sidecar, sample_checksum, scan_tar
 
 # A compressed shard is held in memory while read; refuse pathological ones
-# (a "zip bomb") instead of exhausting memory. Override per reader.
-MAX_DECOMPRESSED_BYTES = int(os.environ.get("SHARDFEED_MAX_DECOMPRESSED_BYTES", 8 << 30))
+# (a "zip bomb") instead of exhausting memory. 1 GiB: a compressed shard is
+# typically 64-512 MiB decompressed; the total of all open ones is bounded
+# apart (decompressed.py).
+MAX_DECOMPRESSED_BYTES = int(os.environ.get("SHARDFEED_MAX_DECOMPRESSED_BYTES", 1 << 30))
 _CHUNK = 8 << 20
 
 
 def hash_file(path: str) -> str:
     """Hex xxh3-128 of a file's bytes (the index's content hash)."""
     h = xxhash.xxh3_128()
-    with open(path, "rb") as f:
+    with open_regular(path, what="shard") as f:
         while chunk := f.read(_CHUNK):
             h.update(chunk)
     return h.hexdigest()
@@ -107,7 +112,7 @@ def check_zstd_frames(buf, path: str) -> None:
 
 
 def _decompress_zstd(path: str, limit: int) -> bytes:
-    with open(path, "rb") as raw:
+    with open_regular(path, what="shard") as raw:
         if os.fstat(raw.fileno()).st_size == 0:
             raise ShardError(path, "zstd frame error: the file is empty (truncated shard)")
         with mmap.mmap(raw.fileno(), 0, access=mmap.ACCESS_READ) as buf:
@@ -121,12 +126,12 @@ def load_tar_stream(path: str, fmt: str, limit: int | None = None):
     limit = MAX_DECOMPRESSED_BYTES if limit is None else limit
     try:
         if fmt == "tar":
-            with open(path, "rb") as f:
+            with open_regular(path, what="shard") as f:
                 if os.fstat(f.fileno()).st_size == 0:
                     raise ShardError(path, "shard is empty (0 bytes; truncated)")
                 return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         if fmt == "tar.gz":
-            with gzip.open(path, "rb") as f:
+            with open_regular(path, what="shard") as raw, gzip.GzipFile(fileobj=raw, mode="rb") as f:
                 return _decompress(f, path, limit)
         if fmt == "tar.zst":
             return _decompress_zstd(path, limit)
@@ -143,12 +148,16 @@ class TarShardReader:
     """Random access to one tar shard through its sample table."""
 
     def __init__(self, path: str, fmt: str = "tar", table: SampleTable | None = None,
-                 expected_bytes: int | None = None, verify: bool = True):
+                 expected_bytes: int | None = None, verify: bool = True, require_sidecar: bool = False):
+        """``require_sidecar``: the shard belongs to an indexed dataset, so its
+        sidecar must be there (ShardError if not); otherwise a tar without one
+        is foreign and scanned once."""
         self.path = path
         self.verify = verify
+        self.budget_bytes = 0
         if expected_bytes is not None:
             try:
-                actual = os.path.getsize(path)
+                actual = check_regular(path, what="shard")
             except FileNotFoundError as e:
                 raise ShardError(path, "shard is missing (no such file)") from e
             if actual != expected_bytes:
@@ -156,10 +165,17 @@ class TarShardReader:
                                        "(truncated, replaced or index mismatch)")
         self.data = load_tar_stream(path, fmt)
         try:
+            if not isinstance(self.data, mmap.mmap):
+                self.budget_bytes = decompressed.acquire(len(self.data), path)
             if table is None:
                 try:
                     table, meta = read_sidecar(path + SIDECAR_SUFFIX, path)
                 except FileNotFoundError:
+                    if require_sidecar:
+                        raise ShardError(path, f"sidecar {os.path.basename(path)}{SIDECAR_SUFFIX} is missing: "
+                                               "its samples cannot be checked against their checksums; "
+                                               "restore it (or rewrite the dataset with `shardfeed convert`)"
+                                         ) from None
                     table = scan_tar(self.data, path)  # a foreign tar: index it once
                 else:
                     on_disk = os.path.getsize(path)
@@ -170,6 +186,8 @@ class TarShardReader:
         except BaseException:
             if isinstance(self.data, mmap.mmap):
                 self.data.close()
+            decompressed.release(self.budget_bytes)
+            self.budget_bytes = 0
             raise
         self.table = table
         self.view = memoryview(self.data)
@@ -211,6 +229,8 @@ class TarShardReader:
         """Safe to call twice. If a caller still holds a view into the map,
         the map is left for the garbage collector instead of failing."""
         self.view.release()
+        decompressed.release(self.budget_bytes)
+        self.budget_bytes = 0
         if isinstance(self.data, mmap.mmap):
             try:
                 self.data.close()
@@ -224,6 +244,10 @@ class TarShardReader:
         self.close()
 
 
+_FOOTER_ERRORS = (pa.ArrowException, OSError, ValueError, KeyError, TypeError, IndexError, OverflowError,
+                  AttributeError, UnicodeDecodeError)
+
+
 class ColumnarShardReader:
     """Parquet (by row group) and Arrow IPC (memory-mapped record batches).
 
@@ -235,11 +259,14 @@ class ColumnarShardReader:
 
     def __init__(self, path: str, fmt: str, expected_bytes: int | None = None, verify: bool = True):
         self.path = path
+        self.verify = verify
         self._pf = None
         self._src = None
+        self._schema_meta = None
         try:
-            if expected_bytes is not None and os.path.getsize(path) != expected_bytes:
-                raise ShardError(path, f"shard has {os.path.getsize(path)} bytes but the index says "
+            on_disk = check_regular(path, what="shard")
+            if expected_bytes is not None and on_disk != expected_bytes:
+                raise ShardError(path, f"shard has {on_disk} bytes but the index says "
                                        f"{expected_bytes} (truncated, replaced or index mismatch)")
             if fmt == "parquet":
                 self._pf = pq.ParquetFile(path, page_checksum_verification=verify)
@@ -251,14 +278,15 @@ class ColumnarShardReader:
                 self._ipc = pa.ipc.open_file(self._src)
                 sizes = [self._ipc.get_batch(b).num_rows for b in range(self._ipc.num_record_batches)]
                 schema = self._ipc.schema
+                self._schema_meta = schema.metadata
             else:
                 raise ShardError(path, f"format {fmt!r} is not a columnar format (parquet, arrow)")
         except FileNotFoundError as e:
             self.close()
             raise ShardError(path, "shard is missing (no such file)") from e
-        except (pa.ArrowException, OSError, ValueError) as e:
+        except _FOOTER_ERRORS as e:  # a damaged footer breaks pyarrow in many ways
             self.close()
-            raise ShardError(path, f"{fmt} shard is unreadable: {e}") from e
+            raise ShardError(path, f"{fmt} shard is unreadable: {type(e).__name__}: {e}") from e
         except ShardError:
             self.close()
             raise
@@ -280,13 +308,18 @@ class ColumnarShardReader:
         if g in self._mapped:
             return self._mapped[g]
         try:
-            batch = self._pf.read_row_group(g) if self._pf is not None else self._ipc.get_batch(g)
+            if self._pf is not None:
+                batch = self._pf.read_row_group(g)
+            else:
+                batch, batch_meta = self._ipc.get_batch_with_custom_metadata(g)
             batch.validate(full=True)
             if batch.num_rows != self.group_start[g + 1] - self.group_start[g]:
                 raise ValueError(f"holds {batch.num_rows} rows, metadata says "
                                  f"{self.group_start[g + 1] - self.group_start[g]}")
-        except (pa.ArrowException, OSError, ValueError) as e:
-            raise ShardError(self.path, f"row group {g} is unreadable: {e}") from e
+            if self._pf is None and self.verify:
+                check_batch(self.path, g, self._schema_meta, batch_meta, batch)
+        except _FOOTER_ERRORS as e:
+            raise ShardError(self.path, f"row group {g} is unreadable: {type(e).__name__}: {e}") from e
         if self._pf is None:
             # Arrow batches are views of the mapping: keeping every validated
             # one costs no memory and spares random access a re-validation.
@@ -335,8 +368,9 @@ def open_shard(index, i: int, path: str | None = None, verify: bool = True):
     path = path or index.path(i)
     if info.format in ("parquet", "arrow"):
         return ColumnarShardReader(path, info.format, expected_bytes=info.bytes, verify=verify)
-    reader = TarShardReader(path, info.format, table=index.tables.get(i), expected_bytes=info.bytes,
-                            verify=verify)
+    table = index.tables.get(i)
+    reader = TarShardReader(path, info.format, table=table, expected_bytes=info.bytes, verify=verify,
+                            require_sidecar=table is None)
     if len(reader) != info.samples:
         reader.close()
         raise ShardError(path, f"shard holds {len(reader)} samples but the index says {info.samples}")
@@ -360,8 +394,8 @@ def shard_keys(index, i: int, path: str | None = None) -> list[str]:
         try:
             keys = read_sidecar(path + SIDECAR_SUFFIX, path)[0].keys
         except FileNotFoundError:
-            with open_shard(index, i, path) as r:  # no sidecar: scan the tar once
-                keys = r.table.keys
+            raise ShardError(path, f"sidecar {os.path.basename(path)}{SIDECAR_SUFFIX} is missing: restore it "
+                                   "(or rewrite the dataset with `shardfeed convert`)") from None
     if len(keys) != info.samples:
         raise ShardError(path, f"shard holds {len(keys)} keys but the index says {info.samples} samples")
     return keys
@@ -370,27 +404,30 @@ def shard_keys(index, i: int, path: str | None = None) -> list[str]:
 def _columnar_keys(path: str, fmt: str) -> list[str]:
     try:
         if fmt == "parquet":
+            check_regular(path, what="shard")
             col = pq.ParquetFile(path, page_checksum_verification=True).read(columns=["__key__"]).column(0)
-        else:
-            with pa.memory_map(path, "r") as src:
-                col = pa.ipc.open_file(src).read_all().column("__key__")
+        else:  # through the reader: each batch's checksum covers its keys
+            with ColumnarShardReader(path, fmt) as r:
+                col = pa.chunked_array([r._group(g).column("__key__") for g in range(len(r.group_start) - 1)],
+                                       pa.string())
         col.validate(full=True)
         if col.null_count:
             raise ValueError(f"{col.null_count} null keys")
         return col.to_pylist()
     except FileNotFoundError as e:
         raise ShardError(path, "shard is missing (no such file)") from e
-    except (pa.ArrowException, OSError, ValueError, KeyError) as e:
-        raise ShardError(path, f"{fmt} shard's __key__ column is unreadable: {e}") from e
+    except _FOOTER_ERRORS as e:
+        raise ShardError(path, f"{fmt} shard's __key__ column is unreadable: {type(e).__name__}: {e}") from e
 
 
 def verify_shard(index, i: int, path: str | None = None) -> None:
     """Check the shard's size, content hash, offsets and every sample checksum."""
     info = index.shard(i)
     path = path or index.path(i)
-    if not os.path.exists(path):
-        raise ShardError(path, "shard is missing (no such file)")
-    actual = hash_file(path)
+    try:
+        actual = hash_file(path)
+    except FileNotFoundError as e:
+        raise ShardError(path, "shard is missing (no such file)") from e
     if actual != info.hash:
         raise ShardError(path, f"content hash {actual} does not match the index's {info.hash}")
     with open_shard(index, i, path) as r:

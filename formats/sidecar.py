@@ -18,6 +18,7 @@ import pyarrow as pa
 import xxhash
 
 from shardfeed.formats.errors import ShardError
+from shardfeed.formats.files import check_regular
 from shardfeed.formats.tar import list_members, split_name
 
 SIDECAR_SUFFIX = ".idx"
@@ -79,7 +80,7 @@ class SampleTable:
     member_start: np.ndarray  # int64, len = samples + 1
     offset: np.ndarray  # int64, len = members
     size: np.ndarray  # int64
-    member_field: np.ndarray  # int16
+    member_field: np.ndarray  # int16 (from a sidecar) or int32 (scanned)
     fields: list[str]
     checksum: np.ndarray  # uint64, len = samples
     shard_bytes: int = -1
@@ -94,9 +95,21 @@ class SampleTable:
             raise ShardError(shard, "sidecar arrays disagree in length (corrupt sidecar)")
         if self.member_start[0] != 0 or self.member_start[-1] != m or np.any(np.diff(self.member_start) < 0):
             raise ShardError(shard, "sidecar member table is not monotonic (corrupt sidecar)")
-        if m and (self.offset.min() < 0 or self.size.min() < 0
+        # each bound checked before the sum it guards, so no int64 overflow
+        if m and (self.offset.min() < 0 or self.size.min() < 0 or int(self.offset.max()) > stream_bytes
+                  or int(self.size.max()) > stream_bytes
                   or int((self.offset + self.size).max()) > stream_bytes):
             raise ShardError(shard, f"sidecar names bytes beyond the shard's {stream_bytes} (stale or corrupt)")
+        # Ranges that each pass could still overlap and add up to gigabytes for
+        # one sample (a batch allocates their sum). In a real tar every member
+        # has its own 512-byte header and its own bytes: bound the whole.
+        if m and m * 512 > stream_bytes:
+            raise ShardError(shard, f"sidecar lists {m} members, more than a {stream_bytes}-byte tar can hold "
+                                    "(corrupt or forged sidecar)")
+        total = float(self.size.sum(dtype=np.float64))
+        if total > stream_bytes:
+            raise ShardError(shard, f"sidecar members add up to {int(total):,} bytes, more than the shard's "
+                                    f"{stream_bytes:,} (overlapping ranges: corrupt or forged sidecar)")
         if m and (self.member_field.min() < 0 or self.member_field.max() >= len(self.fields)):
             raise ShardError(shard, "sidecar field ids out of range (corrupt sidecar)")
 
@@ -139,7 +152,7 @@ def table_from_members(members, shard: str, buf) -> SampleTable:
         member_start=np.asarray(starts, np.int64),
         offset=np.asarray(offs, np.int64),
         size=np.asarray(sizes, np.int64),
-        member_field=np.asarray(fids, np.int16),
+        member_field=np.asarray(fids, np.int32),  # a foreign tar may name more than int16 holds
         fields=list(field_ids),
         checksum=np.asarray(checks, np.uint64),
         shard_bytes=len(buf),
@@ -194,6 +207,7 @@ def read_arrow_file(path: str, shard: str, what: str) -> pa.Table:
     otherwise read outside the mapping. ``validate(full=True)`` checks every
     offset and length first (O(bytes), once per open).
     """
+    check_regular(path, shard, what)  # a FIFO would block pyarrow's open forever
     try:
         with pa.memory_map(path, "r") as src:
             tbl = pa.ipc.open_file(src).read_all()

@@ -145,6 +145,14 @@ def scan_headers(buf: np.ndarray, shard: str) -> tuple[np.ndarray, np.ndarray, n
             continue
         break
     pos = int(pos) + start
+    if status == _OK and pos < buf.shape[0]:
+        # an end-of-archive marker: only zero padding may follow it, else
+        # the rest of the file (its samples) would vanish without a word
+        junk = np.flatnonzero(buf[pos:])
+        if junk.size:
+            raise ShardError(shard, f"tar end-of-archive (zero) block at byte {pos}, but non-zero bytes follow "
+                                    f"at byte {pos + int(junk[0])} of {buf.shape[0]}: a zeroed block "
+                                    "inside the archive (corrupt shard); the members after it would be lost")
     if status == _BAD_CHECKSUM:
         raise ShardError(shard, f"tar header at byte {pos} has a bad checksum (corrupt shard)")
     if status == _BAD_SIZE:
@@ -159,8 +167,15 @@ def scan_headers(buf: np.ndarray, shard: str) -> tuple[np.ndarray, np.ndarray, n
     return tuple(np.concatenate(p) for p in zip(*parts))  # type: ignore[return-value]
 
 
-def _field(raw: bytes) -> str:
-    return raw.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+def _field(raw: bytes, shard: str = "", at: int = 0) -> str:
+    """A NUL-terminated name; ShardError unless it is UTF-8 (keys must be
+    text that reads back as itself)."""
+    b = raw.split(b"\0", 1)[0]
+    try:
+        return b.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ShardError(shard, f"member name {b[:120]!r} at byte {at} is not UTF-8 (sample keys must be "
+                                "text); rename the member or re-encode the archive's names") from None
 
 
 def _pax_records(data: bytes, shard: str, at: int) -> dict[str, str]:
@@ -198,21 +213,21 @@ def list_members(buf: np.ndarray, shard: str) -> list[tuple[str, int, int]]:
         data_off = off + BLOCK
         if t in (0x30, 0x00, 0x37):  # '0', NUL, '7' (contiguous): regular file
             h = bytes(mv[off:off + BLOCK])
-            name = _field(h[0:100])
+            name = _field(h[0:100], shard, off)
             if h[257:262] == b"ustar":
-                prefix = _field(h[345:500])
+                prefix = _field(h[345:500], shard, off)
                 if prefix:
                     name = prefix + "/" + name
             if long_name is not None:
                 name = long_name
             if "path" in pax:
-                name = pax["path"]
+                name = _field(pax["path"].encode("utf-8", "surrogateescape"), shard, off)
             if "size" in pax:
                 raise ShardError(shard, f"PAX size override at byte {off} is not supported")
             members.append((name, data_off, sz))
             long_name, pax = None, {}
         elif t == 0x4C:  # 'L': GNU long name for the next member
-            long_name = _field(bytes(mv[data_off:data_off + sz]))
+            long_name = _field(bytes(mv[data_off:data_off + sz]), shard, off)
         elif t == 0x78:  # 'x': PAX extended header for the next member
             pax = _pax_records(bytes(mv[data_off:data_off + sz]), shard, off)
         else:  # directories, links, devices, global PAX headers: not samples

@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 import xxhash
 import zstandard
 
+from shardfeed.formats.arrow_checksums import batch_metadata, mark_schema
 from shardfeed.formats.codecs import codec_of, encode_field
 from shardfeed.formats.commit_log import end_stream, publish
 from shardfeed.formats.errors import ShardError
@@ -53,6 +54,9 @@ def check_field(name: str) -> str:
     return name
 
 
+MAX_FIELDS = 32767  # distinct field names in one tar shard: sidecar field ids are int16
+
+
 class _TarShard:
     def __init__(self, path: str, compression: str | None):
         self.path = path
@@ -81,6 +85,15 @@ class _TarShard:
         self.disk_bytes += len(data)
 
     def add(self, key: str, fields: list[tuple[str, bytes]]) -> None:
+        if self.keys and self.keys[-1] == key:
+            # a tar groups consecutive members by key: the two samples would read back as one
+            raise ValueError(f"__key__ {key!r} is written twice in a row; keys must differ from the "
+                             "previous sample's (a tar reader would merge the two samples)")
+        new = {ext for ext, _ in fields} - self.fields.keys()
+        if len(self.fields) + len(new) > MAX_FIELDS:
+            raise ValueError(f"sample {key!r} brings shard {self.path} to {len(self.fields) + len(new)} distinct "
+                             f"field names, over {MAX_FIELDS} (the sidecar stores field ids as int16); use "
+                             "fewer distinct extensions or smaller shards")
         out = []
         for ext, payload in fields:
             hdr = member_header(f"{key}.{ext}", len(payload))
@@ -178,11 +191,11 @@ class _ColumnarShard:
                                                write_page_checksum=True, use_dictionary=small)
             else:
                 self.sink = pa.OSFile(self.tmp, "wb")
-                self.writer = pa.ipc.new_file(self.sink, self.schema)
+                self.writer = pa.ipc.new_file(self.sink, mark_schema(self.schema))
         if self.fmt == "parquet":
             self.writer.write_batch(batch, row_group_size=self.ROWS_PER_GROUP)
-        else:
-            self.writer.write_batch(batch)
+        else:  # Arrow IPC has no checksums of its own (arrow_checksums.py)
+            self.writer.write_batch(batch, custom_metadata=batch_metadata(batch))
 
     def finish(self) -> tuple[str, int, str, int]:
         self._flush()
