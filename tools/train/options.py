@@ -154,7 +154,7 @@ def check_data(path: str, follow: bool = False, field: str | None = None) -> str
             raise ShardError(path, "--follow needs the folder of a growing dataset (ShardWriter(append=True)); "
                                    "no such folder")
         index = open_stream_index(folder)[0]
-        if index.num_samples == 0:
+        if index.num_samples == 0 or not index.fields:  # shards published by append record no fields
             return field
     else:
         index = open_index(path)
