@@ -462,7 +462,7 @@ def convert(source, dst: str, opts: ConvertOptions, progress: Callable[[int], No
         for name, text in source.extra_files().items():
             with open(os.path.join(stage, name), "w", encoding="utf-8") as f:
                 f.write(text)
-        extra = {"convert": {"shuffle_seed": opts.shuffle_seed, "samples": n}}
+        extra = {"convert": {"samples": n, "shuffle_seed": opts.shuffle_seed}}  # sorted, as part.json keeps it
         if opts.part is not None:
             write_part_manifest(stage, opts.part, key_without_part(source, opts, fingerprint), n, shards, fields,
                                 extra)

@@ -53,7 +53,7 @@ def _read_part(folder: str) -> dict:
             rec = json.load(f)
         rec["shards"] = [ShardInfo(**s) for s in rec["shards"]]
         int(rec["part"]), int(rec["of"]), str(rec["key"])
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         raise ShardError(folder, f"is not a convert part (no {PART_FILE}); write parts with "
                                  "`shardfeed convert SRC PART_DIR --part I/N`") from None
     except (ValueError, KeyError, TypeError) as e:
