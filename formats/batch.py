@@ -107,6 +107,7 @@ class BatchReader:
         self.skip = skip
         self.mapped_budget = mapped_budget
         self.field_ids: dict[str, int] = {}
+        self._names: list[str] = []  # field id -> name
         self.shards = OpenShards(index, verify=verify, max_open=max_open, path_of=path_of, field_ids=self.field_ids)
         self._hash_fn = hash_fn() if verify else 0
         self._io_fn = preadv_fn() if read_mode == "pread" else 0
@@ -336,9 +337,14 @@ class BatchReader:
 
     def _fields(self, fstart, fsize, typed, text_fields, n) -> dict:
         """RawBatch.fields, in field id order, typed columns after any not seen as field ids."""
-        names = {v: k for k, v in self.field_ids.items()}
+        names = self._names
+        if len(names) < len(self.field_ids):  # ids are dense and only grow: extend, never rebuild
+            names.extend(list(self.field_ids)[len(names):])
         fields: dict = {}
-        for f in range(len(fstart)):
+        # only the fields some sample of this batch has, found in one pass: a loop
+        # over every field ever seen made reading quadratic in distinct field names
+        present = np.flatnonzero((fsize >= 0).any(axis=1)).tolist() if fsize.size else []
+        for f in sorted(set(present) | {self.field_ids[t] for t in typed if t in self.field_ids}):
             name = names[f]
             if name in typed:
                 fields[name] = ("array", columns.typed_column(typed[name], n))

@@ -379,7 +379,7 @@ def _assemble(picked: list, on_error: str, selected: bool) -> DatasetIndex:
     else:
         root = os.path.commonpath([os.path.abspath(d) for d in dirs])
         prefix = {d: _rel_prefix(os.path.relpath(os.path.abspath(d), root)) for d in dirs}
-    rows, tables, fields, skipped, scanned = [], {}, [], [], False
+    rows, tables, fields, skipped, scanned = [], {}, {}, [], False
     for folder, name, base in picked:
         if base is not None:
             info = base.shard(base.row_of(name))
@@ -397,9 +397,8 @@ def _assemble(picked: list, on_error: str, selected: bool) -> DatasetIndex:
         if table is not None:
             tables[len(rows)] = table
         rows.append(ShardInfo(prefix[folder] + info.name, info.format, info.samples, info.bytes, info.hash))
-        for f in shard_fields:
-            if f not in fields:
-                fields.append(f)
+        for f in shard_fields:  # a dict keeps first-seen order in linear time
+            fields.setdefault(f, None)
     meta = {**({"selected": True} if selected else {}), **({"scanned": True} if scanned else {})}
     idx = DatasetIndex(root, [r.name for r in rows], [r.format for r in rows], [r.samples for r in rows],
                        [r.bytes for r in rows], [r.hash for r in rows], fields, meta)

@@ -28,6 +28,7 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
+from shardfeed.formats import decompressed
 from shardfeed.formats.columns import ColumnarView
 from shardfeed.formats.errors import ShardError
 from shardfeed.formats.kernels import (CSUM, FD, FID, KDATA, KLEN, KOFF, MSTART, NCOL, NMEM, NSAMP, OFF, SIZE, SRC,
@@ -149,6 +150,7 @@ class OpenShards:
         self._retired: dict[int, TarView | ColumnarView] = {}  # bad but pinned: closed at the last unpin
         self._bad: dict[int, str] = {}  # shards found unreadable: reason
         self._touched: set[int] = set()  # tar shards read from since release_pages
+        decompressed.add_reclaimer(self.reclaim)
 
     @property
     def table(self) -> np.ndarray:
@@ -244,6 +246,16 @@ class OpenShards:
             self._retired[s] = v
         else:
             self._close(s, v)
+
+    def reclaim(self, nbytes: int) -> None:
+        """Close least recently used unpinned compressed shards until about
+        ``nbytes`` of decompressed memory is free (decompressed.py's budget)."""
+        for s in [s for s, v in self.views.items() if s not in self._pins and isinstance(v, TarView)
+                  and v.reader.budget_bytes]:
+            if nbytes <= 0:
+                return
+            nbytes -= self.views[s].reader.budget_bytes
+            self._close(s, self.views.pop(s))
 
     def evict(self) -> None:
         """Close the least recently used unpinned shards while more than ``max_open`` are open."""

@@ -221,7 +221,8 @@ def read_arrow_file(path: str, shard: str, what: str) -> pa.Table:
 
 def read_sidecar(path: str, shard: str) -> tuple[SampleTable, dict]:
     """Load a sidecar; raises ShardError naming the shard when it is unreadable
-    (FileNotFoundError passes through: a missing sidecar means "scan the tar")."""
+    (FileNotFoundError passes through: the caller says whether the shard is a
+    foreign tar to scan or a shard of an indexed dataset that needs it)."""
     tbl = read_arrow_file(path, shard, "sidecar")
     name = os.path.basename(path)
     if not any(tbl.schema.equals(s) for s in SIDECAR_SCHEMAS):
@@ -234,7 +235,7 @@ def read_sidecar(path: str, shard: str) -> tuple[SampleTable, dict]:
             raise ShardError(shard, f"sidecar version {meta.get('version')!r} is not {SIDECAR_VERSION}")
         if meta.get("digest") != table_digest(tbl, meta):
             raise ShardError(shard, f"sidecar {name} fails its digest (corrupt sidecar); rewrite it with "
-                                    "`shardfeed convert` or delete it to rescan the shard")
+                                    "`shardfeed convert` or restore it from a good copy")
         fields = meta["fields"]
         if not isinstance(fields, list) or not all(isinstance(f, str) for f in fields):
             raise ValueError(f"fields {fields!r} is not a list of names")

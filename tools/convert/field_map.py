@@ -24,9 +24,12 @@ from typing import Any
 import numpy as np
 
 from shardfeed.formats import ShardError, codec_of
+from shardfeed.formats.files import read_bounded
 from shardfeed.formats.writer import check_field, check_key
 
 _LOADERS = ("file", "base64")
+# one file read into one field (an image, a clip): a bound the user can raise
+MAX_FIELD_FILE_BYTES = int(os.environ.get("SHARDFEED_MAX_FIELD_FILE_BYTES", 1 << 30))
 
 
 @dataclass(frozen=True)
@@ -106,9 +109,9 @@ class RowMapper:
             if not isinstance(value, str) or not value:
                 raise ShardError(where, f"{what}: expected a file path, got {value!r}")
             path = value if os.path.isabs(value) else os.path.join(base_dir, value)
-            try:
-                with open(path, "rb") as f:
-                    return f.read()
+            try:  # regular files only, bounded: /dev/zero or a FIFO would never end
+                return read_bounded(path, MAX_FIELD_FILE_BYTES, where, f"{what}: file",
+                                    "SHARDFEED_MAX_FIELD_FILE_BYTES")
             except OSError as e:
                 raise ShardError(where, f"{what}: cannot read {path}: {e.strerror or e}") from None
         if spec.loader == "base64":
