@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+pytestmark = pytest.mark.slow  # one Ray start (~3-20 s on a loaded machine) and Ray Data warm-up
 ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'shardfeed[ray]'")
 
 from shardfeed.formats import ShardWriter, open_index, open_shard, verify_shard  # noqa: E402

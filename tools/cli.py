@@ -15,6 +15,7 @@ from shardfeed.tools.text import HelpFormatter
 # name -> (module, one-line help)
 COMMANDS = {
     "convert": ("shardfeed.tools.convert.command", "convert images/JSONL/CSV/Parquet/tars into shards"),
+    "reshard": ("shardfeed.tools.reshard", "change shard size or format (tar <-> Parquet/Arrow) without decoding"),
     "inspect": ("shardfeed.tools.inspect_cmd", "show counts, sizes, fields and a few samples"),
     "verify": ("shardfeed.tools.verify", "check every hash and offset of a dataset"),
     "plan": ("shardfeed.tools.plan", "bytes a node's cache fetches per epoch for each shuffle order"),
