@@ -276,7 +276,7 @@ def open_index(source, follow_log: bool = True, on_error: str = "raise") -> Data
         raise ShardError(root, "dataset not found (no such folder or file)")
     path = os.path.join(root, INDEX_NAME)
     log_seq = 0
-    if os.path.exists(path):
+    if os.path.lexists(path):  # a dangling link or loop is a broken index, not "no index"
         meta, (names, formats, counts, sizes, hashes) = _read_index_file(path, root)
         log_seq = int(meta.get("log_seq", 0))
         fields = meta.get("fields", [])
