@@ -58,10 +58,17 @@ class _Handler(BaseHTTPRequestHandler):
                 self.wfile.write(os.pread(f.fileno(), end - start, start))
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        pass  # a reader killed mid-transfer (the demo's SIGKILL) resets its connection: expected, not news
+
+
 @contextlib.contextmanager
 def serve(folder: str):
     """Yields the server's URL (``http://127.0.0.1:PORT``); stops it on exit."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    server = _Server(("127.0.0.1", 0), _Handler)
     server.daemon_threads = True
     server.root = folder
     thread = threading.Thread(target=server.serve_forever, name="demo-http", daemon=True)
