@@ -314,7 +314,13 @@ def _scan_one(path: str, name: str):
     from shardfeed.formats.readers import hash_file, load_tar_stream
     from shardfeed.formats.sidecar import scan_tar
 
-    fmt = format_of(name)
+    try:
+        fmt = format_of(name)
+    except ValueError as e:
+        raise ShardError(path, f"is not a shard: {e}") from None
+    if fmt not in ("tar", "tar.gz", "tar.zst"):
+        raise ShardError(path, f"is a {fmt} file outside a shardfeed dataset (no index.arrow beside it); only "
+                               "tar shards are read without an index: write it with ShardWriter or convert it")
     try:
         data = load_tar_stream(path, fmt)
         table = scan_tar(data, path)
