@@ -3,6 +3,7 @@
     shardfeed bench read      read throughput against peers (bench_read)
     shardfeed bench shuffle   shuffle quality (bench_shuffle)
     shardfeed bench formats   format size and speed (bench_formats)
+    shardfeed bench convert   conversion throughput and write-time shuffle (bench_convert)
     shardfeed bench cache     node cache vs a throttled remote (bench_cache)
     shardfeed bench mix       mixing overhead and audit memory (bench_mix)
     shardfeed bench all       each of the above in turn
@@ -26,6 +27,7 @@ BENCHES = {
     "formats": ("shardfeed.tools.bench.formats", "shard formats: size on disk and speed"),
     "cache": ("shardfeed.tools.bench.cache", "node-local cache against a throttled remote: bytes fetched, stalls"),
     "mix": ("shardfeed.tools.bench.mix", "mixing overhead of a 3-source Mixture and the audit's memory"),
+    "convert": ("shardfeed.tools.bench.convert", "conversion throughput, write-shuffle memory and quality"),
 }
 
 
