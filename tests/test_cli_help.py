@@ -21,9 +21,9 @@ def _help(capsys, *argv) -> str:
 
 
 @pytest.mark.parametrize("argv,description,defaults", [
-    (["train"], "reference DDP trainer", ["--ranks RANKS", "(default: 2)", "(default: 64)", "(default: 0.05)",
-                                          "(default: max label + 1)"]),
-    (["demo"], "the whole path on a small dataset", ["(default: demo-data)", "(default: 4000)"]),
+    (["train"], "reference DDP trainer", ["--ranks RANKS", "(default: 2)", "(default: 64)", "(default: 0.1)",
+                                          "(default: max label + 1"]),
+    (["demo"], "the whole path on a small dataset", ["(default: demo-data)", "(default: 5000)"]),
     (["bench"], "the benchmarks, one sub-subcommand each", []),
     (["bench", "all"], "Run every benchmark", ["(default: bench-results)"]),
 ])
