@@ -102,3 +102,24 @@ def test_shuffle_order_changes_with_seed_and_is_stable(tmp_path, jsonl):
     keys = {n: [s["__key__"] for s in _samples(tmp_path / n)] for n in "abc"}
     assert keys["a"] == keys["b"] != keys["c"]
     assert sorted(keys["a"]) == sorted(keys["c"])
+
+
+def test_inspect_warns_on_class_ordered_shards_until_write_shuffled(tmp_path, capsys):
+    src = str(tmp_path / "src")
+    with ShardWriter(src, max_shard_samples=100) as w:
+        for i in range(1000):
+            w.write(dict(labelled_sample(i), cls=i // 100))  # one class per shard
+    assert main(["inspect", src, "--json", "--samples", "0"]) == 0
+    stats = json.loads(capsys.readouterr().out)["class_stats"]
+    assert stats["class_ordered"] and stats["classes"] == 10
+    assert [r["classes"] for r in stats["per_shard"]] == [1] * 10
+    assert main(["inspect", src, "--samples", "0"]) == 0
+    assert "shards are class-ordered" in capsys.readouterr().out
+    assert main(["convert", "-q", src, str(tmp_path / "mixed"), "--max-shard-samples", "100",
+                 "--shuffle-seed", "0"]) == 0
+    capsys.readouterr()
+    assert main(["inspect", str(tmp_path / "mixed"), "--json", "--samples", "0"]) == 0
+    stats = json.loads(capsys.readouterr().out)["class_stats"]
+    assert not stats["class_ordered"] and stats["shard_entropy_ratio"] > 0.9
+    assert main(["inspect", str(tmp_path / "mixed"), "--samples", "0"]) == 0
+    assert "class-ordered" not in capsys.readouterr().out
