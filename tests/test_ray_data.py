@@ -86,3 +86,18 @@ def test_convert_engine_ray_equals_processes(ray_local, tmp_path):
     assert main(["convert", "-q", str(src), str(tmp_path / "local"), *opts]) == 0
     for name in sorted(os.listdir(tmp_path / "local")):
         assert (tmp_path / "ray" / name).read_bytes() == (tmp_path / "local" / name).read_bytes(), name
+
+
+def test_datasink_append_commits_to_a_growing_dataset(ray_local, tmp_path):
+    """Ingest: a Ray job adds its shards to a live dataset through the commit log."""
+    from shardfeed.tools.convert.ray_data import ShardDatasink
+
+    root = str(tmp_path / "live")
+    with ShardWriter(root, append=True, max_shard_samples=50) as w:
+        for i in range(100):
+            w.write(labelled_sample(i))
+    rows = [r for r in _rows(250) if r["__key__"] >= f"{100:08d}"]
+    ray.data.from_items(rows, override_num_blocks=2).write_datasink(
+        ShardDatasink(root, max_shard_samples=40, append=True))
+    assert sorted(s["__key__"] for s in _samples(root)) == [f"{i:08d}" for i in range(250)]
+    assert [n for n in os.listdir(tmp_path) if n != "live"] == []  # the stage is gone
