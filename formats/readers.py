@@ -185,7 +185,10 @@ class TarShardReader:
             table.validate(path, len(self.data))
         except BaseException:
             if isinstance(self.data, mmap.mmap):
-                self.data.close()
+                try:
+                    self.data.close()
+                except BufferError:  # the traceback's frames still view it: the GC unmaps it
+                    pass
             decompressed.release(self.budget_bytes)
             self.budget_bytes = 0
             raise
