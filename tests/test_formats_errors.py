@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import labelled_sample
-from shardfeed.formats import (ShardError, ShardInfo, ShardWriter, open_index, open_shard, verify_shard,
+from shardfeed.formats import (ShardError, ShardInfo, open_index, open_shard, verify_shard,
                                write_index)
 from shardfeed.formats.readers import TarShardReader
 
