@@ -11,6 +11,14 @@ A batch travels as a dict of *columns*, never as a list of sample dicts:
 
 ``materialize`` turns columns into what the user sees; it runs in the main
 process, after the columns crossed from a worker through shared memory.
+
+Byte fields as views (``Loader(..., bytes_as="tensor")``): each undecoded
+byte value becomes a 1-D uint8 tensor viewing the batch buffer (the worker's
+shared-memory slot, or the reader's reused buffer at 0 workers), no copy.
+Lifetime rule: the views are valid until the next batch is asked for (the
+buffer is then refilled); keep one longer with ``.clone()``. With
+``pin_memory`` the batch's byte region is copied once into pinned memory and
+the views point there.
 """
 
 from __future__ import annotations
@@ -65,6 +73,26 @@ class Blob:
         if whole:
             return [src[a:b] for a, b in zip(starts, ends)]
         return [None if s < 0 else bytes(src[a:b]) for a, b, s in zip(starts, ends, self.sizes.tolist())]
+
+    def to_tensors(self, pin_memory: bool = False) -> list:
+        """Each value as a uint8 tensor viewing ``buf`` (None where absent): no copy,
+        valid until the buffer is reused (the module docstring's lifetime rule)."""
+        starts = self.starts.tolist()
+        sizes = self.sizes.tolist()
+        if not starts:
+            return []
+        lo = min(starts)
+        hi = max(a + max(z, 0) for a, z in zip(starts, sizes))
+        span = self.buf[lo:hi]
+        # a read-only buffer (a collate_fn's bytes joined) is copied once: torch warns on read-only views
+        base = torch.from_numpy(span if span.flags.writeable else span.copy())
+        if pin_memory:
+            base = base.pin_memory()
+        if lo:
+            starts = [a - lo for a in starts]
+        if min(sizes) >= 0:
+            return [base[a:a + z] for a, z in zip(starts, sizes)]
+        return [None if z < 0 else base[a:a + z] for a, z in zip(starts, sizes)]
 
     @classmethod
     def from_list(cls, items: list) -> "Blob":
@@ -150,11 +178,25 @@ def default_collate(samples: list[dict]) -> dict:
     return out
 
 
-def materialize(columns: Any, pin_memory: bool = False) -> Any:
+BYTES_AS = ("bytes", "tensor")
+
+
+def check_bytes_as(bytes_as: str) -> str:
+    if bytes_as not in BYTES_AS:
+        raise ValueError(f"bytes_as={bytes_as!r}: use 'bytes' (a list of bytes objects, copied) or 'tensor' "
+                         "(a list of uint8 tensors viewing the batch buffer, valid until the next batch)")
+    return bytes_as
+
+
+def materialize(columns: Any, pin_memory: bool = False, bytes_as: str = "bytes") -> Any:
     """What the user sees: tensors and lists. Arrays are copied out (their
-    memory may be a reused shared-memory slot)."""
+    memory may be a reused shared-memory slot); byte fields too, unless
+    ``bytes_as="tensor"`` (views, see the module docstring)."""
     if not isinstance(columns, dict):
         return columns
+    if bytes_as == "tensor":
+        columns = {name: col.to_tensors(pin_memory) if isinstance(col, Blob) and not col.text else col
+                   for name, col in columns.items()}
     out = {}
     for name, col in columns.items():
         if isinstance(col, np.ndarray):

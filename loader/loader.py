@@ -26,7 +26,7 @@ import torch
 
 from shardfeed.loader import state as _state
 from shardfeed.loader.audit import AuditRecorder
-from shardfeed.loader.collate import materialize
+from shardfeed.loader.collate import check_bytes_as, materialize
 from shardfeed.loader.dataset import ShardDataset
 from shardfeed.loader.schedule import BatchSchedule, Stage
 from shardfeed.loader.stats import LoaderStats
@@ -53,11 +53,15 @@ class Loader:
     ``"forkserver"`` (the dataset, transform and collate_fn are pickled to
     each worker, so they must be picklable, as with torch's DataLoader), or
     a multiprocessing context.
+    bytes_as: undecoded byte fields as ``"bytes"`` (a list of bytes, copied;
+    the default) or ``"tensor"`` (a list of uint8 tensors viewing the batch
+    buffer, no copy: valid until the next batch is asked for, ``.clone()``
+    one to keep it; collate.py).
     """
 
     def __init__(self, dataset: ShardDataset, batch_size, num_workers: int = 0, prefetch: int = 2,
                  collate_fn: Callable | None = None, pin_memory: bool = False, multiprocessing_context=None,
-                 audit: bool = False):
+                 audit: bool = False, bytes_as: str = "bytes"):
         from shardfeed.loader.mixture import Mixture
 
         if not isinstance(dataset, (ShardDataset, Mixture)):
@@ -77,6 +81,7 @@ class Loader:
             warnings.warn("pin_memory=True but no accelerator is available: batches are not pinned", stacklevel=2)
             pin_memory = False
         self.pin_memory = pin_memory
+        self.bytes_as = check_bytes_as(bytes_as)
         self.mp_context = multiprocessing_context
         self.policy = dataset.policy
         # The feed runs ahead of the consumer (prefetch); this is the feed's
@@ -133,7 +138,7 @@ class Loader:
             resumed = time.perf_counter()
             for item, cols, info in source:
                 t1 = time.perf_counter()
-                batch = materialize(cols, self.pin_memory)
+                batch = materialize(cols, self.pin_memory, self.bytes_as)
                 self._account(info, resumed, t1)
                 if self._audit is not None:
                     self._audit.record(item)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from shardfeed.formats import decompressed
 from shardfeed.formats.batch import BatchReader
@@ -70,3 +71,61 @@ def test_parquet_global_under_a_tiny_budget(make_dataset, monkeypatch):
     parquet = make_dataset(200, shard_samples=50, format="parquet")
     assert _batches(parquet) == _batches(tar)
     assert DECODED.nbytes() == 0
+
+
+# -- byte fields as views into the batch buffer -----------------------------
+
+def _as_bytes(batch):
+    return [None if t is None else bytes(t.numpy()) for t in batch["bin"]]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("format", ["tar", "parquet"])
+def test_bytes_as_tensor_views_equal_bytes(make_dataset, workers, format):
+    """Views, read before the next batch is asked for, hold exactly the bytes the default path copies."""
+    root = make_dataset(120, shard_samples=30, format=format)
+    want = _batches(root, workers)
+    with Loader(ShardDataset(root, shuffle="global", seed=3), batch_size=16, num_workers=workers,
+                bytes_as="tensor") as ld:
+        got = []
+        for b in ld:
+            assert all(t.dtype == torch.uint8 and t.dim() == 1 for t in b["bin"])
+            got.append((list(b["__key__"]), _as_bytes(b), b["cls"].tolist(), list(b["txt"])))
+    assert got == [(w["__key__"], w["bin"], w["cls"], w["txt"]) for w in want]
+
+
+def test_bytes_as_tensor_views_share_one_buffer(make_dataset):
+    """No copy: every view of a batch lies in one storage."""
+    root = make_dataset(64, shard_samples=32)
+    with Loader(ShardDataset(root, shuffle="none"), batch_size=16, bytes_as="tensor") as ld:
+        b = next(iter(ld))
+    assert len({t.untyped_storage().data_ptr() for t in b["bin"]}) == 1
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_bytes_as_tensor_across_a_resume(make_dataset, workers):
+    root = make_dataset(160, shard_samples=40)
+
+    def run(state=None, stop=None):
+        with Loader(ShardDataset(root, shuffle="global", seed=5), batch_size=16, num_workers=workers,
+                    bytes_as="tensor") as ld:
+            if state is not None:
+                ld.load_state_dict(state)
+            out = []
+            for b in ld:
+                out.append((list(b["__key__"]), _as_bytes(b)))
+                if stop is not None and len(out) == stop:
+                    return out, ld.state_dict()
+            return out, None
+
+    full, _ = run()
+    head, state = run(stop=4)
+    rest, _ = run(state)
+    assert head + rest == full
+    assert [x for _, bs in full for x in bs] == [labelled_sample(int(k))["bin"] for ks, _ in full for k in ks]
+
+
+def test_bytes_as_unknown_value_names_the_choices(make_dataset):
+    root = make_dataset(10, shard_samples=10)
+    with pytest.raises(ValueError, match="bytes_as='view'.*'tensor'"):
+        Loader(ShardDataset(root), batch_size=4, bytes_as="view")
