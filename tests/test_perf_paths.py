@@ -129,3 +129,103 @@ def test_bytes_as_unknown_value_names_the_choices(make_dataset):
     root = make_dataset(10, shard_samples=10)
     with pytest.raises(ValueError, match="bytes_as='view'.*'tensor'"):
         Loader(ShardDataset(root), batch_size=4, bytes_as="view")
+
+
+# -- fixed-shape numeric fields gathered straight into the batch -------------
+
+def _tokens(i, n=1024, dtype=np.uint16):
+    return (np.arange(n, dtype=np.int64) * 7 + i * 131).astype(dtype)
+
+
+def _token_dataset(tmp_path, n=96, ragged=False, dtype=np.uint16, shape=None):
+    from shardfeed.formats import ShardWriter
+
+    root = str(tmp_path / f"tok-{ragged}-{np.dtype(dtype).str}-{shape}")
+    with ShardWriter(root, max_shard_samples=32) as w:
+        for i in range(n):
+            t = _tokens(i, 1024 + (i % 3 if ragged else 0), dtype)
+            w.write({"__key__": f"{i:06d}", "npy": t.reshape(shape) if shape else t, "cls": i})
+    return root
+
+
+def _identity(sample):
+    return sample  # a transform: forces the per-sample (slow) path
+
+
+def _token_batches(root, workers, transform=None, state=None, stop=None):
+    with Loader(ShardDataset(root, shuffle="global", seed=1, transform=transform), batch_size=16,
+                num_workers=workers) as ld:
+        if state is not None:
+            ld.load_state_dict(state)
+        out = []
+        for b in ld:
+            v = b["npy"]
+            out.append((list(b["__key__"]), v.numpy().copy() if isinstance(v, torch.Tensor) else
+                        [np.asarray(x).copy() for x in v]))
+            if stop is not None and len(out) == stop:
+                return out, ld.state_dict()
+        return out, None
+
+
+def _same(a, b):
+    assert len(a) == len(b)
+    for (ka, va), (kb, vb) in zip(a, b):
+        assert ka == kb
+        assert type(va) is type(vb)
+        if isinstance(va, np.ndarray):
+            assert va.dtype == vb.dtype and va.shape == vb.shape and np.array_equal(va, vb)
+        else:
+            assert all(x.dtype == y.dtype and np.array_equal(x, y) for x, y in zip(va, vb))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_fixed_shape_npy_tokens_equal_the_slow_path(tmp_path, workers):
+    root = _token_dataset(tmp_path)
+    fast, _ = _token_batches(root, workers)
+    slow, _ = _token_batches(root, workers, transform=_identity)
+    _same(fast, slow)
+    assert fast[0][1].dtype == np.uint16 and fast[0][1].shape == (16, 1024)
+    for keys, arr in fast:
+        for k, row in zip(keys, arr):
+            assert np.array_equal(row, _tokens(int(k)))
+
+
+@pytest.mark.parametrize("dtype,shape", [(np.float32, (32, 32)), (np.int64, None), (np.dtype(">u2"), None)])
+def test_npy_other_dtypes_and_shapes_equal_the_slow_path(tmp_path, dtype, shape):
+    """2-D, 8-byte and big-endian values (the last left to the slow path) come out alike."""
+    root = _token_dataset(tmp_path, n=40, dtype=dtype, shape=shape)
+    _same(_token_batches(root, 0)[0], _token_batches(root, 0, transform=_identity)[0])
+
+
+def test_ragged_npy_falls_back_to_per_sample_arrays(tmp_path):
+    root = _token_dataset(tmp_path, n=40, ragged=True)
+    fast, _ = _token_batches(root, 0)
+    _same(fast, _token_batches(root, 0, transform=_identity)[0])
+    assert isinstance(fast[0][1], list)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_fixed_shape_npy_across_a_resume(tmp_path, workers):
+    root = _token_dataset(tmp_path)
+    full, _ = _token_batches(root, workers)
+    head, state = _token_batches(root, workers, stop=3)
+    rest, _ = _token_batches(root, workers, state=state)
+    _same(head + rest, full)
+
+
+def test_npy_column_gathers_equal_shapes_and_declines_others(tmp_path):
+    """The fast path is taken for equal shapes (not only equal in the end), and declined for ragged ones."""
+    from shardfeed.loader.collate import npy_column
+
+    for ragged, want in ((False, np.ndarray), (True, type(None))):
+        index = open_index(_token_dataset(tmp_path, n=40, ragged=ragged))
+        reader = BatchReader(index)
+        try:
+            raw = reader.read(np.arange(40)[::-1])
+            _, starts, sizes = raw.fields["npy"]
+            got = npy_column(raw.buf, starts, sizes)
+        finally:
+            reader.close()
+        assert isinstance(got, want)
+        if got is not None:
+            assert np.array_equal(got, np.stack([_tokens(i) for i in range(40)[::-1]]))
