@@ -229,3 +229,30 @@ def test_npy_column_gathers_equal_shapes_and_declines_others(tmp_path):
         assert isinstance(got, want)
         if got is not None:
             assert np.array_equal(got, np.stack([_tokens(i) for i in range(40)[::-1]]))
+
+
+# -- shardfeed bench compare -------------------------------------------------
+
+def test_bench_compare_runs_checks_content_and_reports_a_missing_peer(tmp_path):
+    """Tiny run: shardfeed over tar and Parquet, content-checked, and Streaming
+    (not installable beside the CPU torch here) reported as skipped, never as a number."""
+    import argparse
+    import json
+
+    from shardfeed.tools.bench import compare
+
+    parser = argparse.ArgumentParser()
+    compare.add_arguments(parser)
+    args = parser.parse_args(["--out", str(tmp_path), "--libraries", "shardfeed,shardfeed-parquet,streaming",
+                              "--sizes", "2KiB", "--samples-2k", "1024", "--workers", "0", "--shuffle", "on",
+                              "--no-plot"])
+    assert compare.main(args) == 0
+    report = json.loads((tmp_path / "bench_compare.json").read_text())
+    rows = {r["library"]: r for r in report["rows"]}
+    assert rows["shardfeed"]["status"] == rows["shardfeed-parquet"]["status"] == "ok"
+    assert rows["shardfeed"]["whole"] > 0 and rows["shardfeed-parquet"]["whole"] > 0
+    try:
+        import streaming  # noqa: F401
+    except Exception:
+        assert rows["streaming"]["status"].startswith("skipped") and "whole" not in rows["streaming"]
+    assert "Parquet global within 2x" in (tmp_path / "bench_compare.md").read_text()

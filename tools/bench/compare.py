@@ -31,6 +31,7 @@ from shardfeed.tools.text import show_progress
 
 SIZES = {"2KiB": 2048, "100KiB": 100 * 1024}
 COUNTS = {"2KiB": 32768, "100KiB": 2048}  # 64 MiB and 200 MiB: the whole run stays near 10 minutes on 2 cores
+QUICK_COUNTS = {"2KiB": 8192, "100KiB": 512}
 LIBRARIES = ("shardfeed", "shardfeed-parquet", "webdataset", "litdata", "streaming", "files", "parquet")
 RESULT_PREFIX = "BENCH_RESULT "
 
@@ -138,8 +139,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--libraries", default=",".join(LIBRARIES), help="comma-separated subset of: "
                         + ", ".join(LIBRARIES))
     parser.add_argument("--sizes", default=",".join(SIZES), help="2KiB, 100KiB or both (default: %(default)s)")
-    parser.add_argument("--samples-2k", type=int, default=COUNTS["2KiB"])
-    parser.add_argument("--samples-100k", type=int, default=COUNTS["100KiB"])
+    parser.add_argument("--quick", action="store_true",
+                        help=f"small datasets ({QUICK_COUNTS['2KiB']} x 2 KiB, {QUICK_COUNTS['100KiB']} x 100 KiB)")
+    parser.add_argument("--samples-2k", type=int, default=None, help=f"default {COUNTS['2KiB']}")
+    parser.add_argument("--samples-100k", type=int, default=None, help=f"default {COUNTS['100KiB']}")
     parser.add_argument("--workers", default="0,2", help="comma-separated worker counts (default: %(default)s)")
     parser.add_argument("--shuffle", default="off,on", help="off, on or off,on (default: %(default)s)")
     parser.add_argument("--batch-size", type=int, default=256)
@@ -160,7 +163,10 @@ def main(args: argparse.Namespace) -> int:
     sizes = _csv(args.sizes, SIZES, "sizes")
     workers = [int(w) for w in _csv(args.workers, [str(i) for i in range(65)], "workers")]
     shuffles = [s == "on" for s in _csv(args.shuffle, ["off", "on"], "shuffle")]
-    counts = {"2KiB": args.samples_2k, "100KiB": args.samples_100k}
+    counts = dict(QUICK_COUNTS if args.quick else COUNTS)
+    for s, given in (("2KiB", args.samples_2k), ("100KiB", args.samples_100k)):
+        if given is not None:
+            counts[s] = given
     for s in sizes:
         if counts[s] < 1:
             raise ValueError(f"--samples-{s[:-3].lower()} must be >= 1, got {counts[s]}")
