@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from shardfeed.tools.byte_sizes import human_bytes
+from shardfeed.tools.text import plural
 
 _SHARD_SUFFIXES = (".tar", ".tgz", ".tar.gz", ".tar.zst", ".parquet", ".arrow")
 
@@ -155,8 +156,8 @@ def main(args) -> int:
     secs = time.perf_counter() - t0
     mb_s = total / 1e6 / max(secs, 1e-9)
     n_bad = len(bad) + len(index.skipped)
-    verdict = f"{n_bad} bad shard{'s' if n_bad != 1 else ''}" if n_bad else "all good"
+    verdict = plural(n_bad, "bad shard") if n_bad else "all good"
     samples = int(index.counts[shards].sum()) if shards else 0
-    print(f"verified {len(shards) + len(index.skipped):,} shards, {samples:,} samples, {human_bytes(total)} "
+    print(f"verified {plural(len(shards) + len(index.skipped), 'shard')}, {plural(samples, 'sample')}, {human_bytes(total)} "
           f"in {secs:.2f} s ({mb_s:.1f} MB/s): {verdict}")
     return 1 if n_bad else 0

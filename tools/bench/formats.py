@@ -33,6 +33,7 @@ from tqdm import tqdm
 
 from shardfeed.formats import ShardInfo, ShardWriter, open_index, open_shard, write_index
 from shardfeed.formats.tar import list_members, scan_headers
+from shardfeed.tools.text import show_progress
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -233,7 +234,7 @@ def main(args: argparse.Namespace) -> int:
     work = args.work or tempfile.mkdtemp(prefix="bench-formats-", dir=args.out)
     t_start = time.perf_counter()
     try:
-        steps = tqdm(total=5, desc="bench formats", unit="step")
+        steps = tqdm(total=5, desc="bench formats", unit="step", disable=not show_progress())
         steps.set_postfix_str("write 100 KiB")
         w = bench_write(work, args.write_mib, args.seed)
         steps.update()

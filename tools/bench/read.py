@@ -33,6 +33,7 @@ from shardfeed.tools.bench.child import RESULT_PREFIX
 from shardfeed.tools.bench.peers import ADAPTERS
 from shardfeed.tools.bench.report import MIN_BATCHES, too_small
 from shardfeed.tools.bench.samples import GENERATOR_VERSION, SampleSpec
+from shardfeed.tools.text import show_progress
 
 SIZES = {"2KiB": 2048, "100KiB": 100 * 1024}
 # Default dataset sizes: about 128 MiB and 400 MiB of payload, so the whole
@@ -320,7 +321,7 @@ def add_rates(row: dict, limit: dict | None, batch_size: int) -> None:
 def run_plan(plan: Plan, log=print) -> dict:
     started = time.time()
     datasets = {}
-    for lib, size, count in tqdm(list(plan.datasets()), desc="bench data", unit="dataset"):
+    for lib, size, count in tqdm(list(plan.datasets()), desc="bench data", unit="dataset", disable=not show_progress()):
         datasets[(lib, size, count)] = ensure_dataset(plan, lib, size, count)
 
     # Warm the page cache for everyone, then take the read limit on shardfeed's
@@ -354,7 +355,7 @@ def run_plan(plan: Plan, log=print) -> dict:
 
     rows = []
     expected = {}
-    for lib, size, count, workers, shuffle, role in tqdm(jobs, desc="bench read", unit="config"):
+    for lib, size, count, workers, shuffle, role in tqdm(jobs, desc="bench read", unit="config", disable=not show_progress()):
         info = datasets[(lib, size, count)]
         row = {"library": lib, "label": ADAPTERS[lib].label, "peer": ADAPTERS[lib].peer, "size": size,
                "count": count, "workers": workers, "shuffle": shuffle, "role": role}

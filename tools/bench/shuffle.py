@@ -25,6 +25,7 @@ import numpy as np
 
 from shardfeed.shuffling import Permutation, Topology, make_plan
 from shardfeed.shuffling.metrics import perfect_entropy, plan_quality
+from shardfeed.tools.text import show_progress
 
 NUM_CLASSES, NUM_SHARDS, SHARD_SAMPLES, BATCH = 100, 50, 2_000, 256
 SCALE_SHARDS, SCALE_SHARD_SAMPLES, SCALE_POSITIONS = 100_000, 10_000, 10_000_000
@@ -234,7 +235,7 @@ def main(args) -> int:
     tasks = [("table", t, w) for t in TABLE for w in (1, 8)] + [("sweep", s, 1) for s in sweep] + [("locality", None, 0), ("scale", None, 0)]
     table, points, loc, scale_rows = [], [], [], []
     t_start = time.perf_counter()
-    with tqdm(tasks, desc="bench shuffle", unit="step", leave=False) as bar:
+    with tqdm(tasks, desc="bench shuffle", unit="step", leave=False, disable=not show_progress()) as bar:
         for kind, spec, world in bar:
             if kind == "table":
                 order, label, options = spec

@@ -24,6 +24,7 @@ import numpy as np
 
 from shardfeed.formats import ShardError, codec_of, open_index, open_shard
 from shardfeed.formats.writer import check_key
+from shardfeed.tools.text import plural
 
 KINDS = ("images", "jsonl", "csv", "parquet", "tar", "dataset")
 _SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet",
@@ -54,7 +55,7 @@ class Source:
         return {}
 
     def describe(self) -> str:
-        return f"{self.kind} source, {len(self)} samples"
+        return f"{self.kind} source, {plural(len(self), 'sample')}"
 
     def close(self) -> None:
         pass
@@ -235,11 +236,15 @@ class ShardSource(UnitSource):
 
     def describe(self) -> str:
         what = "WebDataset tar" if self.kind == "tar" else "dataset shard"
-        return f"{len(self.units)} {what}s, {len(self)} samples"
+        return f"{plural(len(self.units), what)}, {plural(len(self), 'sample')}"
 
 
 def _table_source(kind: str, files: list[str], fields, key_column):
-    from shardfeed.tools.convert.table_sources import CsvSource, JsonlSource, ParquetSource
+    from shardfeed.tools.convert.table_sources import (
+        CsvSource,
+        JsonlSource,
+        ParquetSource,
+    )
 
     cls = {"jsonl": JsonlSource, "csv": CsvSource, "parquet": ParquetSource}[kind]
     return cls(files, fields, key_column)

@@ -20,6 +20,7 @@ import numpy as np
 from shardfeed.formats import ShardError
 from shardfeed.tools.convert.field_map import RowMapper
 from shardfeed.tools.convert.sources import UnitSource
+from shardfeed.tools.text import plural
 
 
 def _line_starts(path: str) -> tuple[np.ndarray, np.ndarray]:
@@ -77,7 +78,7 @@ class JsonlSource(UnitSource):
         return self.mapper.sample(row, sample_id, where, os.path.dirname(self.files[u]))
 
     def describe(self) -> str:
-        return f"{len(self.files)} JSONL file(s), {len(self)} rows"
+        return f"{plural(len(self.files), 'JSONL file')}, {plural(len(self), 'row')}"
 
 
 class CsvSource(UnitSource):
@@ -153,7 +154,7 @@ class CsvSource(UnitSource):
         return self.mapper.sample(dict(zip(header, row)), sample_id, where, os.path.dirname(self.files[u]))
 
     def describe(self) -> str:
-        return f"{len(self.files)} CSV file(s), {len(self)} rows"
+        return f"{plural(len(self.files), 'CSV file')}, {plural(len(self), 'row')}"
 
 
 class ParquetSource(UnitSource):
@@ -213,4 +214,4 @@ class ParquetSource(UnitSource):
         return self.mapper.sample(row, sample_id, where, os.path.dirname(self.files[fi]))
 
     def describe(self) -> str:
-        return f"{len(self.files)} Parquet file(s), {len(self)} rows in {len(self.groups)} row groups"
+        return f"{plural(len(self.files), 'Parquet file')}, {plural(len(self), 'row')} in {plural(len(self.groups), 'row group')}"
