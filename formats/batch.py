@@ -78,8 +78,9 @@ class RawBatch:
 class BatchReader:
     """Reads batches of global sample ids from a DatasetIndex.
 
-    ``path_of`` maps a shard number to a local path (a cache may supply one);
-    shards stay open (LRU, at most ``max_open`` between reads, see
+    ``path_of`` maps a shard number to a local path (a cache may supply one)
+    and ``release(s)`` is called once per ``path_of(s)`` when that file is
+    closed (open_shards.py); shards stay open (LRU, at most ``max_open`` between reads, see
     open_shards.py; the shards of a batch are pinned while it is read).
     ``skip`` decides what a damaged sample or unreadable shard does: raise
     ShardError, or leave the samples out and list a ReadError in
@@ -101,14 +102,15 @@ class BatchReader:
 
     def __init__(self, index, verify: bool = True, skip: bool = False, max_open: int = MAX_OPEN_SHARDS,
                  path_of: Callable[[int], str] | None = None, mapped_budget: int = MAPPED_BUDGET_BYTES,
-                 read_mode: str = "pread"):
+                 read_mode: str = "pread", release: Callable[[int], None] | None = None):
         self.read_mode = check_read_mode(read_mode)
         self.verify = verify
         self.skip = skip
         self.mapped_budget = mapped_budget
         self.field_ids: dict[str, int] = {}
         self._names: list[str] = []  # field id -> name
-        self.shards = OpenShards(index, verify=verify, max_open=max_open, path_of=path_of, field_ids=self.field_ids)
+        self.shards = OpenShards(index, verify=verify, max_open=max_open, path_of=path_of, field_ids=self.field_ids,
+                                  release=release)
         self._hash_fn = hash_fn() if verify else 0
         self._io_fn = preadv_fn() if read_mode == "pread" else 0
         self._iov = np.zeros((_MAX_IOV, 2), np.int64)  # struct iovec {void *base; size_t len}

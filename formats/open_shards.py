@@ -14,6 +14,13 @@ found damaged while pinned (``retire``) is never handed out again and closed
 at its last ``unpin``. Only ``close()``, the end of the table's life, closes
 pinned shards.
 
+Where shards come from is the caller's: ``path_of(s)`` gives the local path
+to open (a node-local cache fetches and pins its copy there) and
+``release(s)`` is called once for each ``path_of`` when that shard's file is
+closed or failed to open (the cache unpins it). ``forget(s)`` drops a shard's
+view and bad mark so the next ``get`` asks ``path_of`` again (a damaged cached
+copy that the cache refetched). formats knows nothing of the cache.
+
 Lifecycle of a shard number: unopened -> open (in the LRU, maybe pinned) ->
 closed by eviction (unopened again) | retired as bad (never opened again).
 """
@@ -132,14 +139,17 @@ class Slots:
 class OpenShards:
     """Open shards of ``index`` by shard number (see the module docstring).
 
-    ``path_of`` maps a shard number to a local path (a cache may supply one);
-    ``field_ids`` (shared with the reader) numbers the fields of every shard
+    ``path_of`` maps a shard number to a local path (a cache may supply one)
+    and ``release`` is told when that path is no longer open (see the module
+    docstring); ``field_ids`` (shared with the reader) numbers the fields of every shard
     opened, in the order first seen.
     """
 
     def __init__(self, index, verify: bool = True, max_open: int = MAX_OPEN_SHARDS,
-                 path_of: Callable[[int], str] | None = None, field_ids: dict | None = None):
+                 path_of: Callable[[int], str] | None = None, field_ids: dict | None = None,
+                 release: Callable[[int], None] | None = None):
         self.index = index
+        self.release = release
         self.verify = verify
         self.max_open = max_open
         self.path_of = path_of
@@ -180,19 +190,24 @@ class OpenShards:
             raise ShardError(self.index.path(s), self._bad[s])
         path = self.path_of(s) if self.path_of else None
         try:
-            reader = open_shard(self.index, s, path=path, verify=self.verify)
-        except ShardError as e:
-            self._bad[s] = e.reason
-            raise
-        if isinstance(reader, TarShardReader):
             try:
-                v = TarView(reader, self.field_ids)
-            except BaseException:
-                reader.close()
+                reader = open_shard(self.index, s, path=path, verify=self.verify)
+            except ShardError as e:
+                self._bad[s] = e.reason
                 raise
-            self.slots.add(v)
-        else:
-            v = ColumnarView(reader)
+            if isinstance(reader, TarShardReader):
+                try:
+                    v = TarView(reader, self.field_ids)
+                except BaseException:
+                    reader.close()
+                    raise
+                self.slots.add(v)
+            else:
+                v = ColumnarView(reader)
+        except BaseException:
+            if path is not None and self.release is not None:
+                self.release(s)
+            raise
         self.views[s] = v
         return v
 
@@ -247,6 +262,19 @@ class OpenShards:
         else:
             self._close(s, v)
 
+    def forget(self, s: int) -> None:
+        """Forget shard ``s``'s open view and bad mark: the next ``get`` opens it
+        again through ``path_of`` (its copy was replaced). A pinned view is
+        closed at its last ``unpin``."""
+        self._bad.pop(s, None)
+        v = self.views.pop(s, None)
+        if v is None:
+            return
+        if s in self._pins:
+            self._retired[s] = v
+        else:
+            self._close(s, v)
+
     def reclaim(self, nbytes: int) -> None:
         """Close least recently used unpinned compressed shards until about
         ``nbytes`` of decompressed memory is free (decompressed.py's budget)."""
@@ -269,7 +297,11 @@ class OpenShards:
         if isinstance(v, TarView):
             self.slots.remove(v)
             self._touched.discard(s)
-        v.close()
+        try:
+            v.close()
+        finally:
+            if self.path_of is not None and self.release is not None:
+                self.release(s)
 
     def close(self) -> None:
         """Close every shard, pinned or not: the end of the table's use (safe to call twice;
