@@ -155,10 +155,15 @@ def unlink_quiet(path: str) -> None:
 def _preallocate(fd: int, size: int, path: str) -> None:
     """Give the temporary its full size now: the budget scan counts it, and a
     full disk fails here rather than mid-download."""
-    os.ftruncate(fd, size)
+    try:
+        os.ftruncate(fd, size)
+    except OSError as e:  # EFBIG: a file-size limit (ulimit -f) or the filesystem's own
+        raise ShardError(path, f"cannot reserve {size} bytes on the cache disk: {e}; free space there, lower "
+                               "cache_limit_bytes or point cache_dir at a larger disk") from e
     if size and hasattr(os, "posix_fallocate"):
         try:
             os.posix_fallocate(fd, 0, size)
         except OSError as e:
             if e.errno not in (95, 22):  # EOPNOTSUPP / EINVAL: filesystem without fallocate
-                raise ShardError(path, f"cannot reserve {size} bytes on the cache disk: {e}") from e
+                raise ShardError(path, f"cannot reserve {size} bytes on the cache disk: {e}; free space there, "
+                                       "lower cache_limit_bytes or point cache_dir at a larger disk") from e

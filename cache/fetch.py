@@ -93,9 +93,13 @@ def fetch_to_fd(source: Source, fd: int, size: int, opts: FetchOptions,
         data = with_retries(source.url, f"reading bytes {start}-{end - 1}",
                             lambda: source.read_range(start, end), opts, stopped)
         view = memoryview(data)
-        while view:  # pwrite may write less than asked on some filesystems
-            n = os.pwrite(fd, view, start + len(data) - len(view))
-            view = view[n:]
+        try:
+            while view:  # pwrite may write less than asked on some filesystems
+                n = os.pwrite(fd, view, start + len(data) - len(view))
+                view = view[n:]
+        except OSError as e:  # the local disk, not the source: asking the source again cannot help
+            raise ShardError(source.url, f"writing it to the cache disk failed ({e}); free space there, lower "
+                                         "cache_limit_bytes or point cache_dir at a larger disk") from e
         if on_bytes is not None:
             on_bytes(len(data))
         return len(data)

@@ -18,6 +18,7 @@ from shardfeed.formats import ShardError
 # Schemes whose driver ships outside fsspec itself, and the extra that installs it.
 _EXTRAS = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs"}
 _REFUSED = ("pipe", "shell", "cmd")
+_filesystems: dict = {}  # (pid, scheme, options) -> this process's fsspec filesystem
 
 
 def scheme_of(url: str) -> str:
@@ -138,8 +139,23 @@ def open_source(url: str, storage_options: dict | None = None, stall_s: float = 
         raise ShardError(url, f"unknown URL scheme {scheme!r}; shardfeed reads paths, file://, http(s)://, "
                               "s3://, gs:// and the other fsspec schemes")
     opts = _merge(_default_options(scheme, stall_s), storage_options or {})
+    if _filesystems.get("pid") != os.getpid():
+        # a forked child: fsspec's one event-loop thread did not come along, and
+        # async filesystems made by the parent would wait on it forever
+        import fsspec.asyn
+
+        fsspec.asyn.reset_lock()
+        _filesystems.clear()
+        _filesystems["pid"] = os.getpid()
+    key = (os.getpid(), scheme, repr(sorted(opts.items())))
+    fs = _filesystems.get(key)
+    if fs is not None:
+        return FsspecSource(url, fs, fs._strip_protocol(url))
     try:
-        fs, path = fsspec.core.url_to_fs(url, **opts)
+        # never fsspec's shared instance: one made before a fork holds an event loop
+        # thread the child lacks, and its first request hangs (s3fs in forked workers)
+        fs, path = fsspec.core.url_to_fs(url, skip_instance_cache=True, **opts)
+        _filesystems[key] = fs
     except ImportError as e:
         pkg = _EXTRAS.get(scheme, "the fsspec driver")
         raise ShardError(url, f"reading {scheme}:// needs {pkg} (pip install 'shardfeed[remote]'): {e}") from e

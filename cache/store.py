@@ -25,7 +25,7 @@ room and creating a temporary happen under one node-wide lock
 (``.cache.lock``), so concurrent fetches never overshoot it together
 (budget.py). Counters (``stats()``) are this process's: hits, misses,
 bytes_fetched, evictions, wait_s (on other fetchers and full budgets),
-fetch_s, errors.
+fetch_s, errors, discarded (damaged copies removed by ``discard``).
 """
 
 from __future__ import annotations
@@ -81,7 +81,8 @@ class ShardCache:
         for d in (self.data_dir, self.lock_dir):
             os.makedirs(d, exist_ok=True)
         self.lookahead = SharedLookahead(os.path.join(self.cache_dir, "lookahead"), share_lookahead)
-        self._counters = dict(hits=0, misses=0, bytes_fetched=0, evictions=0, wait_s=0.0, fetch_s=0.0, errors=0)
+        self._counters = dict(hits=0, misses=0, bytes_fetched=0, evictions=0, wait_s=0.0, fetch_s=0.0, errors=0,
+                              discarded=0)
         self._mu = threading.Lock()
         self.budget = Budget(self.cache_dir, limit_bytes, wait_timeout_s, self.lookahead.merged, self._add)
 
@@ -122,6 +123,21 @@ class ShardCache:
             yield self._ensure(key, str(url), expected_hash, size, sidecar, cancel)
         finally:
             pin.release()
+
+    def discard(self, url: str, expected_hash: str | None = None) -> bool:
+        """Remove the LOCAL copy of ``url`` (found damaged on disk by a reader's
+        checksums), so the next get fetches and verifies it again. Processes
+        that have it open keep reading their open file (and check it
+        themselves). True if there was a copy."""
+        key = self.key_for(url, expected_hash)
+        path = os.path.join(self.data_dir, key)
+        with FileLock(os.path.join(self.lock_dir, key + ".fetch")):  # not while someone renames a fresh copy in
+            had = os.path.exists(path)
+            for p in (path, path + SIDECAR, path + NO_SIDECAR):
+                unlink_quiet(p)
+        if had:
+            self._add(discarded=1)
+        return had
 
     def set_lookahead(self, items) -> None:
         """Plan of next uses: ``(url, step)``, ``(url, step, hash)`` or ``(ShardRef, step)``;

@@ -1,0 +1,118 @@
+"""PlanPrefetcher: keep the cache filled with the shards a plan needs next.
+
+The consumer says where it stands (``moved(position)``, any value); a
+background thread turns the position into the upcoming shards
+(``plan_fn(position) -> [(ShardRef, step, sidecar)]`` in order of next use,
+computed in the thread, so a feed's lookahead never runs on the training
+loop's path), publishes them as the cache's lookahead (Belady eviction), and
+fetches the first ones whose bytes add up to at most ``window_bytes``, at
+most ``threads`` shards at a time (each with its own ranged concurrency).
+
+The plan is recomputed whenever the consumer has moved (positions that
+arrive while one is computed are coalesced into the latest): a stale plan
+would keep consumed shards at their old, near steps and evict the shards
+just fetched for the future. Keep ``plan_fn`` cheap by asking for no more
+shards than the cache can hold (anything further is evicted first anyway).
+Fetches run unpinned; readers pin what they open (reads.py).
+
+A failed fetch is counted (``errors``) and forgotten: the reader that needs
+the shard fetches it itself and raises the error there, in the training loop,
+with the shard named. Threads are ``shardfeed-clairvoyant-<n>``, daemon;
+``close()`` stops them (safe twice).
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from shardfeed.cache.fetch import Cancelled
+from shardfeed.cache.store import ShardCache
+
+
+class PlanPrefetcher:
+    def __init__(self, cache: ShardCache, plan_fn, window_bytes: int, threads: int = 2):
+        self.cache = cache
+        self.plan_fn = plan_fn
+        self.window_bytes = int(window_bytes)
+        self._cv = threading.Condition()
+        self._pos, self._step = None, 0
+        self._version = 0
+        self._stop = threading.Event()
+        self._inflight: set[str] = set()
+        self._wanted: set[str] = set()
+        self.errors = 0
+        self.passes = 0  # plans computed (for tests and benchmarks)
+        self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="shardfeed-clairvoyant")
+        self._thread = threading.Thread(target=self._run, name="shardfeed-clairvoyant-plan", daemon=True)
+        self._thread.start()
+
+    def moved(self, position, step: int) -> None:
+        """The consumer's next read is at ``position`` (its global step ``step``)."""
+        with self._cv:
+            self._pos, self._step = position, int(step)
+            self._version += 1
+            self._cv.notify_all()
+
+    def _run(self) -> None:
+        seen = 0
+        while True:
+            with self._cv:
+                while not self._stop.is_set() and self._version == seen:
+                    self._cv.wait(0.5)
+                if self._stop.is_set():
+                    return
+                seen, pos = self._version, self._pos
+            try:
+                upcoming = list(self.plan_fn(pos))
+            except Exception:  # noqa: BLE001 - advice only: the readers still fetch what they need
+                self.errors += 1
+                continue
+            self.passes += 1
+            self.cache.set_lookahead((ref, s) for ref, s, _ in upcoming)
+            self._fill(upcoming)
+
+    def _fill(self, upcoming) -> None:
+        """Start fetches for the window's shards."""
+        total, wanted, todo = 0, set(), []
+        for ref, s, sidecar in upcoming:
+            total += ref.size or 0
+            if total > self.window_bytes and wanted:
+                break
+            wanted.add(ref.url)
+            if not self.cache.contains(ref.url, ref.hash):
+                todo.append((ref, sidecar))
+        with self._cv:
+            self._wanted = wanted
+            for ref, sidecar in todo:
+                if ref.url not in self._inflight:
+                    self._inflight.add(ref.url)
+                    self._pool.submit(self._fetch, ref, sidecar)
+
+    def _fetch(self, ref, sidecar) -> None:
+        try:
+            if self._stop.is_set() or ref.url not in self._wanted:
+                return  # the consumer moved on before this fetch started
+            self.cache.get(ref.url, ref.hash, ref.size, sidecar=sidecar, cancel=self._stop)
+        except Cancelled:
+            pass
+        except Exception:  # noqa: BLE001 - see the module docstring
+            self.errors += 1
+        finally:
+            with self._cv:
+                self._inflight.discard(ref.url)
+
+    def close(self) -> None:
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        with self._cv:
+            self._cv.notify_all()
+        self._thread.join(timeout=10)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

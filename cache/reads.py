@@ -1,0 +1,172 @@
+"""A reader's shards through the node-local cache: ``path_of`` / ``release`` / ``refetch``.
+
+``CacheSpec`` is what a dataset keeps: where the cache lives, its budget and
+how to reach the source. It is plain data, so it pickles to spawned workers;
+``spec.open()`` gives this process's one ShardCache (a forked child gets its
+own, never its parent's).
+
+``CachedShards`` is the path resolver a BatchReader (formats/batch.py) takes:
+``path_of(s)`` returns the local file of shard ``s``, fetched and verified
+against the index hash if need be, and *pins* it (a shared flock), so no
+process on the node evicts a file a reader holds open; ``release(s)`` unpins
+it when the reader closes the file. A reader that finds a cached copy damaged
+(per-sample checksums) calls ``refetch(s)``: the copy is discarded and the
+next open fetches a fresh one, checked against the hash again. The cache does
+not re-hash a copy on every open (a full read of the shard each time);
+damage is caught where it matters, on read, and never delivered.
+
+Counters, as deltas since the last ``take()``: ``hits`` / ``misses`` (was the
+shard cached when the reader opened it), ``wait_s`` (the reader's time
+waiting for fetches: the stall the cache caused), and the process cache's
+``bytes_fetched`` and ``evictions`` (counted once per process whoever takes
+them, see ``CacheSpec.take``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field
+
+from shardfeed.cache.fetch import FetchOptions
+from shardfeed.cache.store import ShardCache, ShardRef
+
+DEFAULT_DIR_ENV = "SHARDFEED_CACHE_DIR"
+_DISK_SHARE = 0.8  # default budget: this share of the disk space the cache could use
+
+_caches: dict[tuple, ShardCache] = {}
+_seen: dict[tuple, dict] = {}  # last cache counters handed out by take(), per process cache
+_mu = threading.Lock()
+
+
+def default_cache_dir() -> str:
+    """``$SHARDFEED_CACHE_DIR``, else ``<tmp>/shardfeed-cache-<uid>``: one folder per
+    user and node, so every rank and job on the node shares it (entries are
+    keyed by content hash, so sharing never serves stale bytes)."""
+    import tempfile
+
+    return os.environ.get(DEFAULT_DIR_ENV) or os.path.join(tempfile.gettempdir(), f"shardfeed-cache-{os.getuid()}")
+
+
+def default_limit(cache_dir: str) -> int:
+    """80% of what the cache could hold on its disk: free space plus what it holds now."""
+    os.makedirs(cache_dir, exist_ok=True)
+    held = 0
+    data = os.path.join(cache_dir, "data")
+    if os.path.isdir(data):
+        with os.scandir(data) as it:
+            for e in it:
+                try:
+                    held += e.stat().st_size
+                except FileNotFoundError:
+                    pass
+    return max(1, int((shutil.disk_usage(cache_dir).free + held) * _DISK_SHARE))
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    """Where a dataset's cache lives and how its source is reached (picklable)."""
+
+    cache_dir: str
+    limit_bytes: int
+    storage_options: dict = field(default_factory=dict, hash=False, compare=False)
+    fetch: FetchOptions = field(default_factory=FetchOptions)
+    wait_timeout_s: float = 300.0
+
+    def _key(self) -> tuple:
+        return (os.getpid(), self.cache_dir, self.limit_bytes, self.fetch, self.wait_timeout_s)
+
+    def open(self) -> ShardCache:
+        """This process's ShardCache for the spec (one per process: counters add up once)."""
+        key = self._key()
+        with _mu:
+            cache = _caches.get(key)
+            if cache is None:
+                cache = _caches[key] = ShardCache(self.cache_dir, self.limit_bytes, self.storage_options,
+                                                  self.fetch, self.wait_timeout_s)
+            return cache
+
+    def take(self) -> dict:
+        """bytes_fetched and evictions of this process's cache since the last take()."""
+        key = self._key()
+        with _mu:
+            cache = _caches.get(key)
+            if cache is None:
+                return {"bytes_fetched": 0, "evictions": 0}
+            now = cache.stats()
+            last = _seen.get(key, {})
+            _seen[key] = now
+        return {k: now[k] - last.get(k, 0) for k in ("bytes_fetched", "evictions")}
+
+
+class CachedShards:
+    """Path resolver of a BatchReader over ``index`` (see the module docstring).
+
+    ``url_of(i)`` names shard ``i`` at its source (default ``index.path(i)``).
+    """
+
+    def __init__(self, index, spec: CacheSpec, url_of=None):
+        self.index = index
+        self.spec = spec
+        self.url_of = url_of or index.path
+        self._held: dict[int, list] = {}  # shard -> open pins (one per path_of not yet released)
+        self._paths: dict[str, int] = {}  # cached file -> shard, for errors that name the file
+        self._c = {"hits": 0, "misses": 0, "wait_s": 0.0}
+
+    def ref(self, i: int) -> ShardRef:
+        return ShardRef(self.url_of(i), self.index.hashes[i] or None, int(self.index.sizes[i]))
+
+    def needs_sidecar(self, i: int) -> bool:
+        # a foreign tar scanned on open has its table in the index and no sidecar anywhere
+        return self.index.formats[i].startswith("tar") and i not in self.index.tables
+
+    def path_of(self, i: int) -> str:
+        cache = self.spec.open()
+        ref = self.ref(i)
+        had = os.path.exists(cache.path_for(ref.url, ref.hash))
+        t0 = time.monotonic()
+        pin = cache.hold(ref.url, ref.hash, ref.size, sidecar=self.needs_sidecar(i))
+        path = pin.__enter__()
+        self._c["wait_s"] += time.monotonic() - t0
+        self._c["hits" if had else "misses"] += 1
+        self._held.setdefault(i, []).append(pin)
+        self._paths[path] = i
+        return path
+
+    def release(self, i: int) -> None:
+        pins = self._held.get(i)
+        if not pins:
+            return
+        pin = pins.pop(0)
+        if not pins:
+            del self._held[i]
+        pin.__exit__(None, None, None)
+
+    def shard_of_path(self, path: str) -> int | None:
+        """The shard whose cached file (or its sidecar) or source is ``path``, if any."""
+        path = str(path).removesuffix(".idx")
+        if path in self._paths:
+            return self._paths[path]
+        root = str(self.index.root).rstrip("/")
+        for sep in {"/", os.sep}:
+            if path.startswith(root + sep):
+                return self.index.row_of(path[len(root) + 1:].replace(os.sep, "/"))
+        return None
+
+    def refetch(self, i: int) -> bool:
+        """Discard shard ``i``'s cached copy (found damaged): the next open fetches it again."""
+        ref = self.ref(i)
+        return self.spec.open().discard(ref.url, ref.hash)
+
+    def take(self) -> dict:
+        """This reader's counters since the last take(), with its process cache's fetches."""
+        out, self._c = self._c, {"hits": 0, "misses": 0, "wait_s": 0.0}
+        out.update(self.spec.take())
+        return out
+
+    def close(self) -> None:
+        for i in list(self._held):
+            while i in self._held:
+                self.release(i)
