@@ -35,9 +35,19 @@ class BatchMaker:
 
     def __init__(self, index, decode: bool = True, transform: Callable | None = None,
                  collate_fn: Callable | None = None, policy: ErrorPolicy | None = None,
-                 unsafe: tuple[str, ...] = (), read_mode: str = "pread"):
+                 unsafe: tuple[str, ...] = (), read_mode: str = "pread", cached=None, readers: int = 1):
         self.policy = policy or ErrorPolicy("raise")
-        self.reader = BatchReader(index, verify=True, skip=self.policy.skip, read_mode=read_mode)
+        # cached: a cache.reads.CachedShards when shards come through the node-local cache
+        self.cached = cached
+        self._refetched: set[int] = set()
+        extra = {}
+        if cached is not None:
+            from shardfeed.loader.caching import reader_max_open
+
+            biggest = int(index.sizes.max()) if len(index) else 1
+            extra = dict(path_of=cached.path_of, release=cached.release,
+                         max_open=reader_max_open(cached.spec.limit_bytes, biggest, readers))
+        self.reader = BatchReader(index, verify=True, skip=self.policy.skip, read_mode=read_mode, **extra)
         self.decode = decode
         self.transform = transform
         self.transform_takes_size = transform is not None and _accepts_image_size(transform)
@@ -54,6 +64,32 @@ class BatchMaker:
 
     def close(self) -> None:
         self.reader.close()
+        if self.cached is not None:
+            self.cached.close()
+
+    def _read(self, ids, alloc) -> RawBatch:
+        """The reader's batch; a cached copy found damaged (checksums, size) is
+        discarded and fetched again, verified, and the batch read once more.
+        Damaged bytes are never returned either way."""
+        try:
+            raw = self.reader.read(ids, alloc)
+        except ShardError as e:
+            if not self._refetch([e.shard]):
+                raise
+            return self.reader.read(ids, alloc)
+        if raw.errors and self._refetch([err.shard for err in raw.errors]):
+            return self.reader.read(ids, alloc)
+        return raw
+
+    def _refetch(self, paths) -> bool:
+        if self.cached is None:
+            return False
+        shards = {s for s in (self.cached.shard_of_path(p) for p in paths) if s is not None} - self._refetched
+        self._refetched |= shards  # once per shard: a source damaged at the source stays an error, not a loop
+        for s in shards:
+            self.reader.shards.forget(s)
+            self.cached.refetch(s)
+        return bool(shards)
 
     def make(self, ids: np.ndarray, image_size: int | None = None,
              alloc: Callable[[int], np.ndarray] | None = None) -> tuple[Any, dict]:
@@ -62,7 +98,7 @@ class BatchMaker:
         fast = self.transform is None and self.collate_fn is None
         if fast and alloc is None:
             alloc = self._scratch  # the columns returned are valid until the next make()
-        raw = self.reader.read(ids, alloc if fast else None)
+        raw = self._read(ids, alloc if fast else None)
         t1 = time.perf_counter()
         errors = list(raw.errors)
         if fast:
@@ -75,6 +111,8 @@ class BatchMaker:
             t3 = time.perf_counter()
         info = {"read_s": t1 - t0, "decode_s": t2 - t1, "collate_s": t3 - t2, "bytes": raw.bytes_read,
                 "errors": errors, "samples": _rows(columns, raw)}
+        if self.cached is not None:
+            info["cache"] = self.cached.take()
         return columns, info
 
     # -- fast path: whole columns ---------------------------------------

@@ -6,7 +6,9 @@ life. ``LoaderStats.snapshot()`` returns a ``StatsSnapshot``:
     {"epoch": {"number": 3, "samples": ..., "batches": ..., "elapsed_s": ...,
                "samples_per_s": ..., "wait_s": ..., "stall_fraction": ...,
                "read_s": ..., "decode_s": ..., "collate_s": ..., "transfer_s": ...,
-               "bytes_read": ..., "errors_skipped": ...},
+               "bytes_read": ..., "errors_skipped": ...,
+               "cache_hits": ..., "cache_misses": ..., "bytes_fetched": ...,
+               "fetch_wait_s": ..., "evictions": ...},   # 0 unless read through the cache
      "total": {the same keys, no "number"},
      "samples": ..., ...}   # the totals again, flat, as stats() always returned them
 
@@ -33,6 +35,12 @@ class Counters:
     bytes_read: int = 0
     errors_skipped: int = 0
     elapsed_s: float = 0.0  # time inside iteration, the consumer's own work included
+    # node-local cache (datasets read through shardfeed.cache; summed over workers and the prefetcher)
+    cache_hits: int = 0  # shards a reader found cached when it opened them
+    cache_misses: int = 0  # shards a reader had to wait for
+    bytes_fetched: int = 0  # from the source, by readers and the prefetcher
+    fetch_wait_s: float = 0.0  # readers' time waiting for shards (summed over workers)
+    evictions: int = 0
 
     def view(self, running_s: float = 0.0) -> dict:
         """The counters plus the rates derived from them; ``running_s`` is the
@@ -78,6 +86,11 @@ class LoaderStats:
     bytes_read = _Counted()
     errors_skipped = _Counted()
     elapsed_s = _Counted()
+    cache_hits = _Counted()
+    cache_misses = _Counted()
+    bytes_fetched = _Counted()
+    fetch_wait_s = _Counted()
+    evictions = _Counted()
 
     def __init__(self):
         self.epoch = Counters()
@@ -102,6 +115,17 @@ class LoaderStats:
         self.collate_s += info["collate_s"]
         self.bytes_read += info["bytes"]
         self.errors_skipped += skipped
+        if "cache" in info:
+            c = info["cache"]
+            self.cache_hits += c["hits"]
+            self.cache_misses += c["misses"]
+            self.fetch_wait_s += c["wait_s"]
+            self.add_cache(c)
+
+    def add_cache(self, c: dict) -> None:
+        """Fetch counters of one process's cache (deltas)."""
+        self.bytes_fetched += c["bytes_fetched"]
+        self.evictions += c["evictions"]
 
     def snapshot(self) -> StatsSnapshot:
         running = time.perf_counter() - self.started if self.started is not None else 0.0
@@ -129,7 +153,16 @@ class StatsSnapshot(dict):
 def _line(c: dict) -> str:
     return (f"{_count(c['samples'], 'sample')} ({_count(c['batches'], 'batch')}) in {_seconds(c['elapsed_s'])}"
             f" ({c['samples_per_s']:,.0f}/s), data stall {c['stall_fraction']:.1%}, "
-            f"{_bytes(c['bytes_read'])} read, {_count(c['errors_skipped'], 'error')} skipped")
+            f"{_bytes(c['bytes_read'])} read, {_count(c['errors_skipped'], 'error')} skipped" + _cache_part(c))
+
+
+def _cache_part(c: dict) -> str:
+    opened = c["cache_hits"] + c["cache_misses"]
+    if not opened and not c["bytes_fetched"]:
+        return ""  # not read through a cache
+    hits = f"{c['cache_hits'] / opened:.0%} hits" if opened else "no shard opened"
+    return (f"; cache {hits}, {_bytes(c['bytes_fetched'])} fetched, {c['fetch_wait_s']:.1f} s waiting, "
+            f"{_count(c['evictions'], 'eviction')}")
 
 
 def _count(n: int, noun: str) -> str:

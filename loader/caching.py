@@ -1,0 +1,220 @@
+"""How a Loader reads through the node-local shard cache (shardfeed.cache).
+
+Who does what:
+
+- Readers (the Loader's workers, or the main process with ``num_workers=0``,
+  or a plain torch DataLoader's workers) open shards through
+  ``cache.reads.CachedShards``: a shard's verified local copy, pinned while
+  the reader holds it open, fetched by the reader itself on a miss.
+- One prefetcher per Loader, in the main process (``LoaderCache``): a
+  ``cache.clairvoyant.PlanPrefetcher`` fed by the feed's lookahead (a private
+  copy of the feed, so the lookahead runs in the prefetch thread, never on
+  the training loop's path). It fetches the shards in order of next use and
+  publishes their steps as the cache's lookahead, so eviction is Belady's
+  over every rank of the node. Workers then mostly hit. A plain torch
+  DataLoader gets no prefetch: misses are fetched as read, eviction is LRU.
+- At the first iteration: a budget below the working set (the shards one
+  step reads, times the readers, plus one being fetched) raises
+  CacheLimitError with the bytes needed; a plan that will thrash (the node
+  reads more than the cache holds, in an order that refetches) warns once,
+  on the node's first rank, with Belady's estimate of the bytes fetched per
+  epoch (cache/simulate.py, over a bounded prefix of the epoch) and the fixes.
+
+Global step numbers for the cache's lookahead are ``epoch * 10**9 + step``:
+the same on every rank, since all ranks take the same steps.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from shardfeed.cache import CacheLimitError
+from shardfeed.cache.clairvoyant import PlanPrefetcher
+from shardfeed.cache.reads import CachedShards
+from shardfeed.cache.simulate import belady_bytes
+
+STEP_KEY = 10 ** 9
+LOOKAHEAD_SHARDS = 4096  # shards one plan holds (the cache's lookahead)
+SIM_POSITIONS = 1 << 18  # samples of the epoch the thrash estimate simulates (bounds its cost, ~0.3 s)
+THRASH_RATIO = 2.0  # warn when Belady fetches more than this times the bytes the node reads
+PREFETCH_THREADS = 2
+
+
+def step_key(epoch: int, step: int) -> int:
+    return int(epoch) * STEP_KEY + int(step)
+
+
+def reader_max_open(limit_bytes: int, max_shard: int, readers: int) -> int:
+    """Shards a reader keeps open (pinned) between reads: together at most a
+    quarter of the budget, so the rest stays free for fetching."""
+    return max(1, min(256, limit_bytes // max(1, 4 * readers * max_shard)))
+
+
+class LoaderCache:
+    """The main-process side of a Loader over a cached dataset (see the module docstring)."""
+
+    def __init__(self, dataset, schedule, readers: int):
+        self.ds = dataset
+        self.spec = dataset.cache
+        self.readers = max(1, readers)
+        self.shards = CachedShards(dataset.index, self.spec, dataset.shard_url)
+        self.feed = dataset.feed(schedule)  # private: used by the prefetch thread only, once started
+        sizes = dataset.index.sizes
+        self.max_shard = int(sizes.max()) if len(sizes) else 0
+        # the plan needs no more shards than the cache holds: anything further is evicted first anyway
+        self.plan_len = int(min(len(sizes), LOOKAHEAD_SHARDS,
+                                self.spec.limit_bytes // max(1, int(sizes.min()) if len(sizes) else 1) + 2))
+        self.prefetcher: PlanPrefetcher | None = None
+        self.estimate: dict | None = None
+
+    def start(self, pos: dict) -> None:
+        """Before the first batch of an iteration: checks (once), then the prefetcher."""
+        if self.prefetcher is None:
+            self.feed.reset(pos)
+            window = self._check_budget()
+            if self._first_of_node():
+                self._warn_if_thrashing(self.feed.epoch)
+            self.prefetcher = PlanPrefetcher(self.spec.open(), self._plan, window, PREFETCH_THREADS)
+        self.moved(pos)
+
+    def moved(self, pos: dict) -> None:
+        self.prefetcher.moved(pos, step_key(pos["epoch"], pos["step"]))
+
+    def _plan(self, pos: dict):
+        self.feed.reset(pos)
+        return [(self.shards.ref(u.shard), step_key(u.epoch, u.step), self.shards.needs_sidecar(u.shard))
+                for u in self.feed.lookahead(self.plan_len)]
+
+    def _check_budget(self) -> int:
+        """The prefetch window in bytes; CacheLimitError if the working set cannot fit."""
+        per_step = self.shards_per_step(self.feed.epoch)
+        limit = self.spec.limit_bytes
+        needed = (self.readers * per_step + 1) * self.max_shard
+        if needed > limit:
+            raise CacheLimitError(self.spec.cache_dir, f"cache_limit_bytes={limit:,} is below the working set: "
+                                  f"{self.readers} reader(s) x {per_step} shard(s) per step plus one being "
+                                  f"fetched, of up to {self.max_shard:,} bytes each, need {needed:,} bytes; "
+                                  f"raise cache_limit_bytes to at least {needed:,}, use fewer workers, or a "
+                                  "shuffle that reads fewer shards per step ('block', 'shard')", needed)
+        held_open = self.readers * (per_step + reader_max_open(limit, self.max_shard, self.readers))
+        return max(self.max_shard, limit - held_open * self.max_shard)
+
+    def shards_per_step(self, epoch: int, max_positions: int = SIM_POSITIONS) -> int:
+        """Most shards one step of this rank reads, over a bounded prefix of ``epoch``."""
+        index, feed = self.ds.index, self.feed
+        plan, bs = feed.plan(epoch), feed.batch_size(epoch)
+        m = min(plan.num_samples, max(bs, max_positions))
+        if m == 0:
+            return 1
+        shard = np.searchsorted(index.offsets, plan.positions(0, m), side="right") - 1
+        steps = np.unique((np.arange(m, dtype=np.int64) // bs) * len(index) + shard) // len(index)
+        return int(np.bincount(steps).max())
+
+    def _first_of_node(self) -> bool:
+        t = self.ds.topology
+        return t.rank % (t.ranks_per_node or t.world_size) == 0
+
+    # -- will the plan thrash? ------------------------------------------
+    def node_reads(self, epoch: int, max_positions: int = SIM_POSITIONS):
+        """(shards read in order, one per step that reads them, over this node's
+        ranks; the fraction of the epoch covered) for a prefix of ``epoch``."""
+        feed, index = self.feed, self.ds.index
+        job = feed.job(epoch)
+        t = self.ds.topology
+        rpn = job.ranks_per_node or t.world_size
+        node = t.rank // rpn
+        ranks = range(node * rpn, min(t.world_size, (node + 1) * rpn))
+        keys, frac = [], 1.0
+        n_shards = len(index)
+        for r in ranks:
+            plan = self.ds.spec.plan(epoch, job, r)
+            bs = job.batch_size(r)
+            n = plan.num_samples
+            m = min(n, max(bs, max_positions // len(ranks)))
+            if n:
+                frac = min(frac, m / n)
+            pos = plan.positions(0, m)
+            shard = np.searchsorted(index.offsets, pos, side="right") - 1
+            keys.append((np.arange(m, dtype=np.int64) // bs) * n_shards + shard)
+        uniq = np.unique(np.concatenate(keys)) if keys else np.zeros(0, np.int64)  # step-major, each (step, shard) once
+        return uniq % n_shards, frac
+
+    def estimate_epoch(self, epoch: int) -> dict:
+        reads, frac = self.node_reads(epoch)
+        sizes = self.ds.index.sizes
+        touched = np.unique(reads)
+        node_bytes = int(sizes[touched].sum())
+        if frac < 1.0:
+            node_bytes = min(int(sizes.sum()), int(node_bytes / frac))
+        fetched = belady_bytes(reads, sizes, self.spec.limit_bytes) / max(frac, 1e-9)
+        return {"node_bytes": node_bytes, "fetched_bytes": int(fetched), "fraction_simulated": frac}
+
+    def _warn_if_thrashing(self, epoch: int) -> None:
+        index, limit = self.ds.index, self.spec.limit_bytes
+        if int(index.sizes.sum()) <= limit:
+            return  # everything fits: each shard is fetched once, ever
+        est = self.estimate = self.estimate_epoch(epoch)
+        if est["node_bytes"] <= limit or est["fetched_bytes"] <= THRASH_RATIO * est["node_bytes"]:
+            return
+        ratio = est["fetched_bytes"] / max(1, est["node_bytes"])
+        part = "" if est["fraction_simulated"] >= 1 else f", estimated from {est['fraction_simulated']:.0%} of it"
+        warnings.warn(
+            f"shardfeed: the cache at {self.spec.cache_dir} ({_gb(limit)}) is smaller than the "
+            f"{_gb(est['node_bytes'])} this node reads per epoch, and shuffle={self.ds.order.value!r} reads them "
+            f"in an order that refetches: about {_gb(est['fetched_bytes'])} will be fetched per epoch "
+            f"({ratio:.1f}x, with the best eviction{part}). Fixes: locality=True (with several nodes, each "
+            f"caches only its own share), shuffle='block' (a window of shards at a time), or "
+            f"cache_limit_bytes >= {est['node_bytes']:,}.", RuntimeWarning, stacklevel=4)
+
+    def take(self) -> dict:
+        """The main process's cache counters since the last take (bytes fetched, evictions)."""
+        return self.spec.take()
+
+    def close(self) -> None:
+        if self.prefetcher is not None:
+            self.prefetcher.close()
+            self.prefetcher = None
+
+
+def _gb(n: float) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:,.1f} {unit}"
+    return f"{int(n):,} B"
+
+
+def open_cached(source, cache_dir, limit_bytes, storage_options):
+    """(CacheSpec, index) of a dataset read through the cache: a URL's index is
+    mirrored into the cache folder (and named by its URL); a local one is read
+    in place. CacheLimitError now if the biggest shard cannot fit."""
+    import os
+
+    from shardfeed.cache import mirror_index
+    from shardfeed.cache.reads import CacheSpec, default_cache_dir, default_limit
+    from shardfeed.cache.sources import scheme_of
+    from shardfeed.formats import open_index
+
+    if cache_dir is None:
+        cache_dir = default_cache_dir()
+        warnings.warn(f"shardfeed: {source} is read through a node-local cache and no cache_dir was given: "
+                      f"using {cache_dir} (set cache_dir= or $SHARDFEED_CACHE_DIR to choose)", RuntimeWarning,
+                      stacklevel=4)
+    cache_dir = os.path.abspath(os.fspath(cache_dir))
+    if limit_bytes is None:
+        limit_bytes = default_limit(cache_dir)
+    if isinstance(limit_bytes, bool) or not isinstance(limit_bytes, (int, np.integer)) or limit_bytes <= 0:
+        raise ValueError(f"cache_limit_bytes={limit_bytes!r} must be a positive int (bytes), or None for 80% of "
+                         f"the disk space at {cache_dir}")
+    spec = CacheSpec(cache_dir, int(limit_bytes), dict(storage_options or {}))
+    cache = spec.open()
+    if isinstance(source, str) and scheme_of(source) not in ("", "file"):
+        url = source.rstrip("/")
+        index = open_index(mirror_index(url, cache))
+        index.root = url  # shard paths and error messages name the source, not the mirror
+    else:
+        index = open_index(source)
+    if len(index):
+        cache.reserve(int(index.sizes.max()))
+    return spec, index
