@@ -79,8 +79,20 @@ class ShardDataset(torch.utils.data.IterableDataset):
     order and ``ds.get(key)`` finds a sample by key, both through the index
     and sidecars with checksums (loader/random_access.py).
 
-    Not yet available (they raise NotImplementedError): remote URLs and
-    ``cache_dir``/``cache_limit_bytes`` (shardfeed.cache).
+    Remote sources and the node-local cache (shardfeed.cache; loader/caching.py):
+    ``source`` may be a URL prefix of a dataset (``http(s)://``, ``s3://``,
+    ``gs://`` and the other fsspec schemes; ``storage_options`` go to its
+    fsspec filesystem). Its index is mirrored into the cache folder and its
+    shards are read from verified copies there, at most ``cache_limit_bytes``
+    on disk, fetched ahead of use by a Loader in order of next use. Without
+    ``cache_dir`` a URL uses ``$SHARDFEED_CACHE_DIR``, else
+    ``<tmp>/shardfeed-cache-<uid>`` (shared by every rank and job of the user
+    on the node: entries are keyed by content hash), with a warning naming it.
+    Without ``cache_limit_bytes`` the budget is 80% of what the cache folder's
+    disk could hold. A local source with a ``cache_dir`` is read through the
+    cache too (copies on local disk: useful when the dataset sits on NFS);
+    without one it is read in place. Not available with a cache: ``follow=True``,
+    and ``ds[i]``/``ds.get(key)`` on a URL.
     """
 
     def __init__(self, source, shuffle="global", seed: int = 0, cache_dir=None, cache_limit_bytes=None,
@@ -88,16 +100,11 @@ class ShardDataset(torch.utils.data.IterableDataset):
                  world_size: int | None = None, drop_last: bool = False, follow: bool = False,
                  on_error: str = "raise", locality: bool = False, read_mode: str = "pread",
                  poll_s: float = POLL_S, idle_timeout_s: float = IDLE_TIMEOUT_S, replay: float = 0.0,
-                 window: int | None = None):
+                 window: int | None = None, storage_options: dict | None = None):
         super().__init__()
-        source = os.fspath(source) if not isinstance(source, str) else source
-        if "://" in source and not source.startswith("file://"):
-            raise NotImplementedError(f"{source}: remote datasets are read through shardfeed.cache, which the "
-                                      "loader does not use yet; copy the dataset locally or pass a file:// URL")
-        if cache_dir is not None or cache_limit_bytes is not None:
-            raise NotImplementedError(f"cache_dir={cache_dir!r}, cache_limit_bytes={cache_limit_bytes!r}: the "
-                                      "node-local shard cache is not wired into the loader yet; local datasets "
-                                      "need no cache, so leave both None")
+        if not isinstance(source, (str, list, tuple)):
+            source = os.fspath(source)
+        remote = isinstance(source, str) and _is_url(source)
         if transform is not None and not callable(transform):
             raise TypeError(f"transform must be callable, got {transform!r}")
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
@@ -122,13 +129,22 @@ class ShardDataset(torch.utils.data.IterableDataset):
         if (replay or window is not None) and not self.follow:
             raise ValueError(f"replay={replay!r}/window={window!r} mix older samples into a followed stream; "
                              "pass follow=True or leave them at 0.0/None")
-        if self.follow:
+        self.cache = None  # a cache.reads.CacheSpec when shards are read through the node-local cache
+        if remote or cache_dir is not None or cache_limit_bytes is not None:
+            if self.follow:
+                raise ValueError(f"{source}: follow=True reads a growing dataset in a local folder, without the "
+                                 "node-local cache; drop cache_dir/cache_limit_bytes or follow=True")
+            from shardfeed.loader.caching import open_cached
+
+            self.cache, self.index = open_cached(source, cache_dir, cache_limit_bytes, storage_options)
+        elif self.follow:
             if locality:
                 raise ValueError("locality=True is not available with follow=True (a stream is dealt by "
                                  "global batch in commit order); drop one of them")
             self.index = open_stream_index(_local_folder(source))[0]  # may be empty: samples come later
         else:
             self.index = open_index(source)
+        self.remote = remote
         if self.index.num_samples == 0 and not self.follow:
             raise ShardError(self.index.root, "dataset holds no samples")
         self.epoch = 0
@@ -191,6 +207,9 @@ class ShardDataset(torch.utils.data.IterableDataset):
     # -- random access --------------------------------------------------
     def _lookup(self):
         # built on first use; pickles to DataLoader workers without its open shards
+        if self.remote:
+            raise NotImplementedError(f"{self.source}: ds[i] and ds.get(key) read shards in place and are not "
+                                      "available for a URL yet; iterate the dataset, or copy it locally")
         if self.__dict__.get("_random_access") is None:
             from shardfeed.loader.random_access import SampleLookup
 
@@ -208,9 +227,22 @@ class ShardDataset(torch.utils.data.IterableDataset):
         """The sample whose ``__key__`` is ``key`` (KeyError naming it if none)."""
         return self._lookup().get(key)
 
-    def maker(self, collate_fn: Callable | None = None, decode: bool | None = None) -> BatchMaker | FollowMaker:
+    def shard_url(self, i: int) -> str:
+        """Where shard ``i`` is fetched from (a URL, or a local path)."""
+        return self.index.path(i)
+
+    def maker(self, collate_fn: Callable | None = None, decode: bool | None = None,
+              readers: int = 1) -> BatchMaker | FollowMaker:
+        """What reads this dataset's batches in one process; ``readers``: how many
+        processes read at once (sizes what each keeps open in the cache)."""
+        cached = None
+        if self.cache is not None:
+            from shardfeed.cache.reads import CachedShards
+
+            cached = CachedShards(self.index, self.cache, self.shard_url)
         maker = BatchMaker(self.index, decode=self.decode if decode is None else decode, transform=self.transform,
-                           collate_fn=collate_fn, policy=self.policy, read_mode=self.read_mode)
+                           collate_fn=collate_fn, policy=self.policy, read_mode=self.read_mode, cached=cached,
+                           readers=readers)
         return FollowMaker(maker, self.index.root) if self.follow else maker
 
     # -- iteration (sample dicts, for a plain torch DataLoader) ---------
@@ -233,6 +265,10 @@ class ShardDataset(torch.utils.data.IterableDataset):
                 f"{'locality=True, ' if self.locality else ''}"
                 f"{'read_mode=' + repr(self.read_mode) + ', ' if self.read_mode != 'pread' else ''}"
                 f"rank={self.rank}/{self.world_size}, samples={self.index.num_samples})")
+
+
+def _is_url(source: str) -> bool:
+    return "://" in source and not source.startswith("file://") or source.split(":", 1)[0].lower() in ("pipe",)
 
 
 def _local_folder(source: str) -> str:
