@@ -82,6 +82,9 @@ class Loader:
             pin_memory = False
         self.pin_memory = pin_memory
         self.bytes_as = check_bytes_as(bytes_as)
+        if multiprocessing_context is None and getattr(dataset, "remote", False):
+            # fsspec's async clients (http, s3) hold an event-loop thread a forked worker lacks: it can hang
+            multiprocessing_context = "spawn"
         self.mp_context = multiprocessing_context
         self.policy = dataset.policy
         # The feed runs ahead of the consumer (prefetch); this is the feed's
@@ -90,6 +93,11 @@ class Loader:
         self._pool: WorkerPool | None = None
         self._maker = None
         self._stats = LoaderStats()
+        self._cache = None  # the prefetcher of a dataset read through the node-local cache (caching.py)
+        if getattr(dataset, "cache", None) is not None:
+            from shardfeed.loader.caching import LoaderCache
+
+            self._cache = LoaderCache(dataset, self.schedule, num_workers)
         self._closed = False
         self._gen = 0  # iteration generation: an older iterator stops when a new one starts
         # audit=True records what this rank delivered, a bit per sample (audit.py)
@@ -130,6 +138,8 @@ class Loader:
         feed = self.feed
         feed.reset(self._pos)
         self.dataset.image_size = feed.stage().image_size
+        if self._cache is not None:
+            self._cache.start(self._pos)
         st = self._stats
         st.start_epoch(self.epoch, fresh=self._pos["step"] == 0)
         st.started = time.perf_counter()
@@ -143,6 +153,8 @@ class Loader:
                 if self._audit is not None:
                     self._audit.record(item)
                 self._pos = item.state
+                if self._cache is not None:
+                    self._cache.moved(self._pos)
                 yield batch
                 resumed = time.perf_counter()
                 if gen != self._gen:
@@ -207,10 +219,13 @@ class Loader:
         st.samples += info["samples"]
         st.batches += 1
         st.add_info(info, self.policy.report(info["errors"]) if info["errors"] else 0)
+        if self._cache is not None:
+            st.add_cache(self._cache.take())  # this process's fetches (the prefetcher's)
 
     def _start_pool(self) -> WorkerPool:
         if self._pool is None:
-            self._pool = WorkerPool(self.num_workers, MakerFactory(self.dataset, self.collate_fn), slots=self.prefetch,
+            self._pool = WorkerPool(self.num_workers, MakerFactory(self.dataset, self.collate_fn, self.num_workers),
+                                    slots=self.prefetch,
                                     context=self.mp_context)
         return self._pool
 
@@ -257,6 +272,8 @@ class Loader:
         self._closed = True
         self._gen += 1
         self._shutdown_pool()
+        if self._cache is not None:
+            self._cache.close()
         if self._maker is not None:
             self._maker.close()
             self._maker = None
@@ -282,10 +299,12 @@ class MakerFactory:
     """Builds a worker's BatchMaker; a plain picklable object (not a closure)
     so workers can be spawned as well as forked."""
 
-    def __init__(self, dataset: ShardDataset, collate_fn: Callable | None):
-        self.dataset, self.collate_fn = dataset, collate_fn
+    def __init__(self, dataset: ShardDataset, collate_fn: Callable | None, readers: int = 1):
+        self.dataset, self.collate_fn, self.readers = dataset, collate_fn, readers
 
     def __call__(self):
+        if getattr(self.dataset, "cache", None) is not None:  # sizes what each reader keeps pinned
+            return self.dataset.maker(self.collate_fn, readers=self.readers)
         return self.dataset.maker(self.collate_fn)
 
     def warm(self, maker) -> None:
