@@ -11,7 +11,8 @@ sample dicts unless a transform or collate_fn asks for them.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import torch.utils.data
@@ -19,6 +20,7 @@ import torch.utils.data
 from shardfeed.formats import ShardError, open_index
 from shardfeed.formats.batch import check_read_mode
 from shardfeed.formats.commit_log import open_stream_index
+from shardfeed.formats.errors import ReadError
 from shardfeed.loader import state as _state
 from shardfeed.loader import topology as _topology
 from shardfeed.loader.batcher import BatchMaker
@@ -143,7 +145,9 @@ class ShardDataset(torch.utils.data.IterableDataset):
                                  "global batch in commit order); drop one of them")
             self.index = open_stream_index(_local_folder(source))[0]  # may be empty: samples come later
         else:
-            self.index = open_index(source)
+            self.index = open_index(source, on_error=on_error)
+            # a foreign tar that cannot be scanned is left out under skip: logged once, like any bad shard
+            self.policy.report([ReadError(path, reason, 0) for path, reason in self.index.skipped])
         self.remote = remote
         if self.index.num_samples == 0 and not self.follow:
             raise ShardError(self.index.root, "dataset holds no samples")

@@ -334,8 +334,6 @@ def test_shard_dataset_reads_a_list(tmp_path):
     assert _dataset_keys(ShardDataset(paths[:2], shuffle="none")) == _range_keys(0, 10)
 
 
-@pytest.mark.xfail(raises=ShardError, strict=True,
-                   reason="ShardDataset does not pass on_error to open_index yet; the loader wiring is pending")
 def test_shard_dataset_skip_opens_a_folder_with_a_truncated_tar(tmp_path):
     from shardfeed.loader import ShardDataset
 
