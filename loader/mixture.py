@@ -83,10 +83,15 @@ class Mixture:
     per source (default: the sources' sizes), or a schedule of them. counts:
     samples per source per epoch (or a schedule), instead of weights.
     epoch_samples: samples per epoch with weights (default: all sources'
-    samples). Follow sources (streaming) are not mixed yet.
+    samples). epoch_steps: the epoch length in steps instead: each epoch
+    mixes ``epoch_steps * G`` samples, G being the global batch (all ranks'
+    batch sizes summed) of that epoch's stage, so every epoch is exactly
+    ``epoch_steps`` steps (known once a Loader made the feed). Follow sources
+    (streaming) are not mixed yet.
     """
 
-    def __init__(self, sources, weights=None, counts=None, epoch_samples: int | None = None, seed: int = 0,
+    def __init__(self, sources, weights=None, counts=None, epoch_samples: int | None = None,
+                 epoch_steps: int | None = None, seed: int = 0,
                  shuffle: str = "global", decode: bool = True, transform: Callable | None = None,
                  rank: int | None = None, world_size: int | None = None, drop_last: bool = False,
                  on_error: str = "raise", read_mode: str = "pread"):
@@ -111,6 +116,13 @@ class Mixture:
         if epoch_samples is not None and (isinstance(epoch_samples, bool) or not isinstance(epoch_samples, int)
                                           or epoch_samples < 1):
             raise ValueError(f"epoch_samples={epoch_samples!r} must be an int >= 1")
+        if epoch_steps is not None and (isinstance(epoch_steps, bool) or not isinstance(epoch_steps, int)
+                                        or epoch_steps < 1):
+            raise ValueError(f"epoch_steps={epoch_steps!r} must be an int >= 1")
+        if epoch_steps is not None and (epoch_samples is not None or counts is not None):
+            raise ValueError("give the epoch length once: epoch_steps (with weights), epoch_samples, or counts")
+        self.epoch_steps = epoch_steps
+        self._global_batch: Callable[[int], int] | None = None  # epoch -> G, set by feed() for epoch_steps
         self.epoch_samples = sum(self.sizes) if epoch_samples is None else epoch_samples
         self._weights = _stages(weights, "weights")
         self._counts = _stages(counts, "counts")
@@ -127,7 +139,8 @@ class Mixture:
         self._memo: dict[int, list[int]] = {}
         self._starts: list[tuple[int, list[int]]] = [(0, [0] * len(self.sources))]
         self.index = self._combined_index()
-        self.counts_at(0)  # check the first epoch's counts now
+        if epoch_steps is None:
+            self.counts_at(0)  # check the first epoch's counts now
 
     # -- topology and epochs ------------------------------------------
     @property
@@ -165,12 +178,26 @@ class Mixture:
                 raise ValueError(f"counts of epoch {epoch} = {raw!r} must be whole numbers of samples")
             out = [int(v) for v in raw]
         else:
-            out = apportion(self.epoch_samples, raw)
+            out = apportion(self._epoch_length(epoch), raw)
         if sum(out) >= MAX_EPOCH_SAMPLES:
             raise ValueError(f"epoch {epoch} mixes {sum(out)} samples; at most {MAX_EPOCH_SAMPLES - 1} per epoch "
                              "(split it into shorter epochs)")
         self._memo[epoch] = out
         return out
+
+    def _epoch_length(self, epoch: int) -> int:
+        if self.epoch_steps is None:
+            return self.epoch_samples
+        if self._global_batch is None:
+            raise TypeError(f"Mixture(epoch_steps={self.epoch_steps}): the epoch's samples depend on the batch "
+                            "size; create the Loader first (it sets the batch sizes), or give epoch_samples")
+        return self.epoch_steps * self._global_batch(epoch)
+
+    def pin_epoch(self, epoch: int, counts: list[int], starts: list[int]) -> None:
+        """Take ``epoch``'s counts and start positions from a saved state (epoch_steps: a job of
+        another global batch size mixes what the saving job mixed, not what its own G gives)."""
+        self._memo = {epoch: list(counts)}
+        self._starts = [(epoch, list(starts))]
 
     def epoch_total(self, epoch: int) -> int:
         return sum(self.counts_at(epoch))
@@ -179,6 +206,9 @@ class Mixture:
         """Each source's stream position at the start of ``epoch`` (the counts of earlier epochs summed)."""
         e, acc = self._starts[-1]
         if e > epoch:
+            e, acc = self._starts[0]
+        if e > epoch:  # before a pinned epoch (epoch_steps resume): recount from the start
+            self._starts = [(0, [0] * len(self.sources))]
             e, acc = self._starts[0]
         acc = list(acc)
         while e < epoch:
@@ -197,12 +227,21 @@ class Mixture:
         return [int(x) for x in np.cumsum([0] + self.sizes[:-1])]
 
     def fingerprint(self) -> dict:
-        return {"mixture": [[s.index.num_samples, len(s.index), s.order.value, s.seed] for s in self.sources],
-                "epoch_samples": self.epoch_samples, "drop_last": self.drop_last}
+        fp = {"mixture": [[s.index.num_samples, len(s.index), s.order.value, s.seed] for s in self.sources],
+              "epoch_samples": self.epoch_samples, "drop_last": self.drop_last}
+        if self.epoch_steps is not None:
+            fp["epoch_steps"] = self.epoch_steps
+        return fp
 
     def feed(self, schedule: BatchSchedule) -> MixtureFeed:
         t = self.topology
-        return MixtureFeed(self, schedule, t.rank, t.world_size, t.ranks_per_node, epoch=self.epoch)
+        feed = MixtureFeed(self, schedule, t.rank, t.world_size, t.ranks_per_node, epoch=self.epoch)
+        if self.epoch_steps is not None:
+            self._global_batch = lambda epoch: sum(feed.job(epoch).batch_sizes)
+            self._memo.clear()
+            self._starts = [(0, [0] * len(self.sources))]
+            self.counts_at(self.epoch)
+        return feed
 
     def maker(self, collate_fn: Callable | None = None, decode: bool | None = None) -> BatchMaker:
         return BatchMaker(self.index, decode=self.decode if decode is None else decode, transform=self.transform,

@@ -252,7 +252,7 @@ class MixtureFeed:
         return {"version": STATE_VERSION, "kind": self.kind, "epoch": self.epoch, "step": self.step,
                 "base": self.base, "base_step": self.base_step, "world_size": job.world_size,
                 "batch_sizes": list(job.batch_sizes), "counts": list(self.mixture.counts_at(self.epoch)),
-                "dataset": dict(self.fingerprint)}
+                "starts": list(self.mixture.starts_at(self.epoch)), "dataset": dict(self.fingerprint)}
 
     def reset(self, state: dict | None = None) -> None:
         """Go to ``state`` (this or another world size / batch sizes), or to the start of the current epoch."""
@@ -261,7 +261,16 @@ class MixtureFeed:
             return
         s = check_state(state, self.fingerprint)
         epoch = s["epoch"]
-        counts = list(self.mixture.counts_at(epoch))
+        mx = self.mixture
+        if mx.epoch_steps is not None and s["counts"] != mx.counts_at(epoch) and "starts" in s:
+            # epoch_steps: the saving job's global batch sized this epoch; keep its counts and
+            # positions (checked against the weights), so the rest of the epoch is exactly its rest
+            if mx._counts is None and s["counts"] != apportion_like(mx, epoch, sum(s["counts"])):
+                raise ValueError(f"state's epoch {epoch} mixes counts {s['counts']}, not the weights' split of "
+                                 f"{sum(s['counts'])} samples; resume with the same weights")
+            mx.pin_epoch(epoch, s["counts"], s["starts"])
+            self._plan = None
+        counts = list(mx.counts_at(epoch))
         if s["counts"] != counts:
             raise ValueError(f"state's epoch {epoch} mixes counts {s['counts']} but this Mixture gives {counts} "
                              "(weights, counts or epoch_samples changed); resume with the same mixture settings")
@@ -302,6 +311,13 @@ class MixtureFeed:
 
     def __repr__(self) -> str:
         return f"MixtureFeed(rank={self.rank}/{self.world_size}, epoch={self.epoch}, step={self.step}, base={self.base})"
+
+
+def apportion_like(mixture, epoch: int, total: int) -> list[int]:
+    """The weights' split of ``total`` samples in ``epoch`` (what counts_at gives for that length)."""
+    from shardfeed.loader.mixture import apportion
+
+    return apportion(total, list(mixture._weights(epoch)))
 
 
 def check_state(state: dict, fingerprint: dict) -> dict:

@@ -199,3 +199,41 @@ def test_bad_arguments_name_the_fix(sources, tmp_path):
         Mixture(sources, weights=[1, 1, 1], counts=[1, 1, 1])
     with pytest.raises(ValueError, match="non-empty list"):
         Mixture(sources[0])
+
+
+def test_epoch_steps_sets_the_epoch_length_in_steps(sources):
+    mx = Mixture(sources, weights=[0.5, 0.3, 0.2], epoch_steps=7, seed=1)
+    with Loader(mx, 8) as L:
+        assert len(L) == 7
+        for _ in range(2):
+            batches = list(L)
+            assert len(batches) == 7 and all(len(b["__key__"]) == 8 for b in batches)
+            got = by_source(keys_of(batches))
+            assert [got[f"s{j}"] for j in range(3)] == apportion(56, [0.5, 0.3, 0.2])
+    with pytest.raises(ValueError, match="epoch length once"):
+        Mixture(sources, weights=[1, 1, 1], epoch_steps=3, epoch_samples=10)
+    with pytest.raises(TypeError, match="create the Loader first"):
+        len(Mixture(sources, epoch_steps=3))
+
+
+def test_epoch_steps_elastic_resume_keeps_the_saving_jobs_epoch(sources):
+    """2 ranks x 4 (G=8, 5 steps = 40 samples) saved after 2 steps, resumed on 1 rank x 4:
+    the rest of the 40-sample epoch comes (6 steps), then epochs of 5 steps of 4."""
+    def mixture(r, w):
+        return Mixture(sources, weights=[2, 1, 1], epoch_steps=5, seed=6, rank=r, world_size=w)
+
+    two = [Loader(mixture(r, 2), 4) for r in range(2)]
+    before, _ = step_together(two, steps=2)
+    state = two[0].state_dict()
+    with Loader(mixture(0, 2), 4) as a, Loader(mixture(1, 2), 4) as b:
+        whole, taken = step_together([a, b])
+    assert taken == [5, 5]
+    with Loader(mixture(0, 1), 4) as one:
+        one.load_state_dict(state)
+        rest = list(one)
+        nxt = list(one)
+    assert len(rest) == 6 and len(nxt) == 5
+    got = collections.Counter(k for ks in before for k in ks) + collections.Counter(keys_of(rest))
+    assert got == collections.Counter(k for ks in whole for k in ks)
+    for L in two:
+        L.close()
