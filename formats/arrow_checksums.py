@@ -24,6 +24,7 @@ import pyarrow as pa
 import xxhash
 
 from shardfeed.formats.errors import ShardError
+from shardfeed.formats.sidecar import fixed_width_values
 
 SCHEMA_KEY = b"shardfeed.arrow"
 BATCH_KEY = b"shardfeed.xxh3_64"
@@ -65,7 +66,7 @@ def _hash(h, arr: pa.Array) -> None:
                 h.update(memoryview(data)[int(offs[0]):int(offs[-1])])
     elif (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
           or pa.types.is_temporal(t)) and not arr.null_count:
-        h.update(np.ascontiguousarray(arr.to_numpy(zero_copy_only=False)))
+        h.update(fixed_width_values(arr))
     else:  # nested or nullable typed columns: rare in shards; a canonical text form
         h.update(repr(arr.to_pylist()).encode("utf-8", "surrogatepass"))
 
