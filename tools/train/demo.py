@@ -4,7 +4,7 @@
    for a shuffle), shard them, and read them back checking every label.
 2. Serve the shards from a loopback HTTP server and train the reference DDP
    trainer on 2 CPU ranks through a node-local cache smaller than the
-   dataset (where the loader reads URLs; until then, from the folder).
+   dataset.
 3. Kill that run mid-epoch (SIGKILL, after a checkpoint) and resume it.
 4. Fine-tune on a growing dataset while an ingest process publishes it
    (--follow, with replay of older samples).
@@ -91,15 +91,6 @@ def read_back(root: str, labels: dict, args) -> None:
           f"compiling on first use), every label checked", flush=True)
 
 
-def _cache_ready(url: str, cache_dir: str) -> bool:
-    """Whether the loader reads URLs through the node-local cache yet."""
-    try:
-        ShardDataset(url, cache_dir=cache_dir, cache_limit_bytes=1 << 30)
-    except NotImplementedError:
-        return False
-    return True
-
-
 def _train_cmd(args, data: str, *extra) -> list[str]:
     return [sys.executable, "-m", "shardfeed.tools.train", data, "--ranks", str(args.ranks), "--classes",
             str(args.classes), "--batch-size", str(args.batch_size), "--workers", "1", "--log-every", "20", *extra]
@@ -164,14 +155,9 @@ def main(args) -> int:
     with serve(os.path.abspath(args.out)) as base:
         url, cache_dir = f"{base}/train", os.path.join(args.out, "cache")
         limit = int(data_bytes * args.cache_fraction)
-        if _cache_ready(url, cache_dir):
-            source = [url, "--cache-dir", cache_dir, "--cache-limit", str(limit)]
-            print(f"serving {args.out} at {base}; training reads {url} through a {limit / 1e6:.1f} MB cache "
-                  f"({args.cache_fraction:.0%} of the {data_bytes / 1e6:.1f} MB dataset)", flush=True)
-        else:
-            source = [root]
-            print(f"serving {args.out} at {base}, but this loader does not read URLs through the cache yet: "
-                  f"training reads {root} directly", flush=True)
+        source = [url, "--cache-dir", cache_dir, "--cache-limit", str(limit)]
+        print(f"serving {args.out} at {base}; training reads {url} through a {limit / 1e6:.1f} MB cache "
+              f"({args.cache_fraction:.0%} of the {data_bytes / 1e6:.1f} MB dataset)", flush=True)
         common = ["--eval-data", eval_root, "--epochs", str(args.epochs), "--checkpoint", ck,
                   "--checkpoint-every", "10", "--plot", plot]
         steps_per_epoch = -(-args.samples // (args.batch_size * args.ranks))

@@ -20,11 +20,12 @@ from shardfeed.tools.byte_sizes import human_bytes as format_bytes
 
 
 def cache_counters(stats: dict) -> tuple[float, float, float]:
-    """(hits, misses, bytes fetched) of the loader's node-local cache, zeros
-    when the loader reads local files (no cache)."""
-    c = stats.get("cache") or {}
-    return (float(c.get("hits", stats.get("cache_hits", 0))), float(c.get("misses", stats.get("cache_misses", 0))),
-            float(c.get("bytes_fetched", stats.get("bytes_fetched", 0))))
+    """(hits, misses, bytes fetched) of the loader's node-local cache over its
+    life (``Loader.stats()["total"]``, see loader/stats.py); zeros when the
+    loader reads local files. Hits and misses count shard opens by readers;
+    bytes fetched include the prefetcher's."""
+    t = stats["total"]
+    return float(t["cache_hits"]), float(t["cache_misses"]), float(t["bytes_fetched"])
 
 
 class StepLog:
