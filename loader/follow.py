@@ -194,6 +194,20 @@ class _Log:
         self.last_change = time.monotonic()
         return True
 
+    def wait(self, need: int, step: int, poll_s: float, idle_timeout_s: float) -> None:
+        """Poll until ``need`` samples are published or the stream ended; ShardError
+        after ``idle_timeout_s`` without a commit (never a silent end)."""
+        waited_from = time.monotonic()
+        while self.total < need and self.end is None:
+            if not self.poll():
+                idle = time.monotonic() - max(self.last_change, waited_from)
+                if idle >= idle_timeout_s:
+                    raise ShardError(self.root, f"no commit arrived for {idle:.1f} s (idle_timeout_s="
+                                                f"{idle_timeout_s:g}) while step {step} waits for "
+                                                f"{need - self.total} more samples ({self.total} "
+                                                "published); the writer may have stopped without end_stream()")
+                time.sleep(poll_s)
+
     def seq_at(self, samples: int) -> int:
         """The commit holding stream sample ``samples - 1`` (0 before any)."""
         if samples <= 0 or not self.seqs:
@@ -324,16 +338,7 @@ class FollowFeed:
         G, bs = self._per(), self.batch_size()
         g = self.step - self.base_step
         need = self.base + (g + 1) * G
-        waited_from = time.monotonic()
-        while self.log.total < need and self.log.end is None:
-            if not self.log.poll():
-                idle = time.monotonic() - max(self.log.last_change, waited_from)
-                if idle >= self.idle_timeout_s:
-                    raise ShardError(self.root, f"no commit arrived for {idle:.1f} s (idle_timeout_s="
-                                                f"{self.idle_timeout_s:g}) while step {self.step} waits for "
-                                                f"{need - self.log.total} more samples ({self.log.total} "
-                                                "published); the writer may have stopped without end_stream()")
-                time.sleep(self.poll_s)
+        self.log.wait(need, self.step, self.poll_s, self.idle_timeout_s)
         if self.log.total >= need and self.replay:
             plan, start, stop = IdsPlan(self._replay_ids(g)), 0, bs
         elif self.log.total >= need:
