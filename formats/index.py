@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from shardfeed.formats.errors import ShardError
-from shardfeed.formats.sidecar import table_digest
+from shardfeed.formats.sidecar import fixed_width_values, table_digest
 from shardfeed.formats.sources import ShardPath, expand_source, is_pattern
 
 INDEX_NAME = "index.arrow"
@@ -184,6 +184,12 @@ def write_index(root: str, shards: Iterable[ShardInfo], fields: Sequence[str] = 
     return path
 
 
+def _int64s(col) -> np.ndarray:
+    # a copy read from the buffers (ChunkedArray.to_numpy would import pandas at start-up)
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    return np.frombuffer(bytes(memoryview(fixed_width_values(arr)).cast("B")), np.int64).copy()
+
+
 def _read_index_file(path: str, root: str) -> tuple[dict, list]:
     from shardfeed.formats.sidecar import read_arrow_file
 
@@ -221,8 +227,7 @@ def _read_index_file(path: str, root: str) -> tuple[dict, list]:
             raise ShardError(path, f"index column {label!r} is {c.type} with {c.null_count} nulls; "
                                    f"expected {t} without nulls (broken index)")
     # copies, not views: the index must not depend on the mapped file staying as it was
-    cols = [cols[0].to_pylist(), cols[1].to_pylist(), cols[2].to_numpy().copy(), cols[3].to_numpy().copy(),
-            cols[4].to_pylist()]
+    cols = [cols[0].to_pylist(), cols[1].to_pylist(), _int64s(cols[2]), _int64s(cols[3]), cols[4].to_pylist()]
     check_shard_names(tbl.column("name").combine_chunks(), path)
     bad = set(cols[1]) - set(FORMATS)
     if bad:
