@@ -20,6 +20,8 @@ COMMANDS = {
     "verify": ("shardfeed.tools.verify", "check every hash and offset of a dataset"),
     "plan": ("shardfeed.tools.plan", "bytes a node's cache fetches per epoch for each shuffle order"),
     "bench": ("shardfeed.tools.bench.command", "throughput and quality benchmarks"),
+    "ingest": ("shardfeed.tools.ingest", "append samples to a live dataset, publishing each shard as it fills"),
+    "compact": ("shardfeed.tools.compact", "fold a growing dataset's commit log into index.arrow while readers follow"),
     "audit": ("shardfeed.tools.audit", "merge ranks' delivery records; report missed, repeated, padded samples"),
     "train": ("shardfeed.tools.train.command", "the reference DDP trainer on local CPU ranks or under torchrun"),
     "demo": ("shardfeed.tools.train.demo", "build a small dataset, shard it and read it back"),
