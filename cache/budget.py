@@ -74,6 +74,8 @@ class Budget:
         return {k: (b, t) for k, (b, t) in entries.items()}, tmp_bytes, temps
 
     def make_room_and_create(self, key: str, suffix: str, size: int, url: str) -> str:
+        """A new temporary for ``key`` of ``size`` bytes, within the budget; the
+        caller holds ``key``'s fetch lock."""
         if size > self.limit_bytes:
             raise CacheLimitError(url, f"shard of {size} bytes does not fit a cache limit of {self.limit_bytes} "
                                        f"bytes; raise limit_bytes to at least {size}", size)
@@ -82,7 +84,7 @@ class Budget:
         while True:
             with FileLock(os.path.join(self.cache_dir, ".cache.lock")):
                 entries, tmp_bytes, temps = self._scan()
-                tmp_bytes -= self._drop_orphans(temps)
+                tmp_bytes -= self._drop_orphans(temps, mine=key)
                 used = tmp_bytes + sum(b for b, _ in entries.values())
                 if used + size > self.limit_bytes:
                     used -= self._evict(entries, used + size - self.limit_bytes, keep=key)
@@ -90,7 +92,7 @@ class Budget:
                     tmp = os.path.join(self.data_dir, f"{key}{suffix}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
                     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
                     try:
-                        _preallocate(fd, size, tmp)
+                        _preallocate(fd, size, tmp, url)
                     except BaseException:
                         os.close(fd)
                         unlink_quiet(tmp)
@@ -108,10 +110,17 @@ class Budget:
             self._count(wait_s=time.monotonic() - t0)
             delay = min(delay * 2, 0.5)
 
-    def _drop_orphans(self, temps) -> int:
-        """Remove temporaries whose fetcher died (nobody holds their fetch lock)."""
+    def _drop_orphans(self, temps, mine: str) -> int:
+        """Remove temporaries whose fetcher died (nobody holds their fetch lock).
+        The caller holds the fetch lock of ``mine`` and has no temporary of it
+        yet, so one already there is a dead fetcher's (flock would not tell:
+        the caller's own lock refuses the probe)."""
         freed = 0
         for key, path, size in temps:
+            if key == mine:
+                unlink_quiet(path)
+                freed += size
+                continue
             lock = FileLock(os.path.join(self.lock_dir, key + ".fetch"))
             if lock.acquire(blocking=False):
                 try:
@@ -152,18 +161,22 @@ def unlink_quiet(path: str) -> None:
         pass
 
 
-def _preallocate(fd: int, size: int, path: str) -> None:
+def _preallocate(fd: int, size: int, path: str, url: str) -> None:
     """Give the temporary its full size now: the budget scan counts it, and a
-    full disk fails here rather than mid-download."""
+    full disk fails here rather than mid-download. The error names the URL
+    (what the user asked for) and the cache folder (what to fix)."""
+    def full(e: OSError) -> ShardError:
+        return ShardError(url, f"cannot reserve {size} bytes for it in the cache at {os.path.dirname(path)}: "
+                               f"{e}; free space there, lower cache_limit_bytes or point cache_dir at a larger "
+                               "disk (nothing was cached)")
+
     try:
         os.ftruncate(fd, size)
     except OSError as e:  # EFBIG: a file-size limit (ulimit -f) or the filesystem's own
-        raise ShardError(path, f"cannot reserve {size} bytes on the cache disk: {e}; free space there, lower "
-                               "cache_limit_bytes or point cache_dir at a larger disk") from e
+        raise full(e) from e
     if size and hasattr(os, "posix_fallocate"):
         try:
             os.posix_fallocate(fd, 0, size)
         except OSError as e:
             if e.errno not in (95, 22):  # EOPNOTSUPP / EINVAL: filesystem without fallocate
-                raise ShardError(path, f"cannot reserve {size} bytes on the cache disk: {e}; free space there, "
-                                       "lower cache_limit_bytes or point cache_dir at a larger disk") from e
+                raise full(e) from e
