@@ -19,35 +19,68 @@ def _write(root, n, seed):
             w.write(s)
 
 
-@pytest.mark.slow
-@pytest.mark.distributed
-def test_dual_batch_ranks_take_equal_steps_cover_the_epoch_once_and_loss_falls(tmp_path):
-    """Ranks with batches of 24 and 8 (global 32): the same number of steps,
-    every sample of each epoch once, a log line per 5 steps, loss going down,
-    a summary and a plot."""
-    _write(tmp_path / "train", 640, 0)
-    _write(tmp_path / "eval", 200, 1)
-    out = subprocess.run([EXE, "train", str(tmp_path / "train"), "--eval-data", str(tmp_path / "eval"),
-                          "--ranks", "2", "--epochs", "3", "--batch-size", "24,8", "--image-size", "16",
-                          "--log-every", "5", "--trace", str(tmp_path / "trace"), "--plot", str(tmp_path / "p.png")],
+EPOCHS, STEPS = 2, 20  # 640 samples / global batch 32 = 20 steps per epoch on each rank
+
+
+@pytest.fixture(scope="module")
+def dual(tmp_path_factory):
+    """One 2-rank run with batches of 24 and 8 (global 32), audited; its asserts are split below."""
+    tmp = tmp_path_factory.mktemp("dual")
+    _write(tmp / "train", 640, 0)
+    _write(tmp / "eval", 200, 1)
+    out = subprocess.run([EXE, "train", str(tmp / "train"), "--eval-data", str(tmp / "eval"),
+                          "--ranks", "2", "--epochs", str(EPOCHS), "--batch-size", "24,8", "--image-size", "16",
+                          "--log-every", "5", "--trace", str(tmp / "trace"), "--plot", str(tmp / "p.png"),
+                          "--checkpoint", str(tmp / "ck.pt"), "--audit"],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    logs = re.findall(r"step (\d+) \(epoch (\d)\): loss ([\d.]+), ([\d,]+) samples/s, data stall ([\d.]+)%",
-                      out.stdout)
-    assert [int(m[0]) for m in logs] == [5, 10, 15, 20, 25, 30, 35, 40, 45, 50, 55, 60], out.stdout
-    losses = [float(m[2]) for m in logs]
-    assert sum(losses[-3:]) < 0.8 * sum(losses[:3]), losses
+    return tmp, out.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_dual_batch_ranks_take_equal_steps_and_cover_each_epoch_once(dual):
+    """Ranks with batches of 24 and 8: the same number of steps, every sample of each epoch once."""
+    tmp, _ = dual
     for rank, batch in ((0, 24), (1, 8)):
-        rows = [line.split(" ") for line in (tmp_path / "trace" / f"rank{rank}-of-2.txt").read_text().splitlines()]
-        assert [int(r[0]) for r in rows] == list(range(1, 61))  # 640 / 32 = 20 steps per epoch on each rank
+        rows = [line.split(" ") for line in (tmp / "trace" / f"rank{rank}-of-2.txt").read_text().splitlines()]
+        assert [int(r[0]) for r in rows] == list(range(1, EPOCHS * STEPS + 1))
         assert {len(r[2].split(",")) for r in rows} == {batch}
-    for epoch in range(3):
-        keys = [k for rank in (0, 1) for line in (tmp_path / "trace" / f"rank{rank}-of-2.txt").read_text().splitlines()
+    for epoch in range(EPOCHS):
+        keys = [k for rank in (0, 1) for line in (tmp / "trace" / f"rank{rank}-of-2.txt").read_text().splitlines()
                 if line.split(" ")[1] == str(epoch) for k in line.split(" ")[2].split(",")]
         assert sorted(keys) == [f"{i:09d}" for i in range(640)]
-    assert re.search(r"epoch 2: held-out accuracy [\d.]+% on 200 samples \(chance 25.0%\)", out.stdout), out.stdout
-    assert re.search(r"summary: 60 steps, 1,920 samples in .* data stall [\d.]+%, no cache", out.stdout)
-    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_train_logs_every_n_steps_loss_falls_summary_and_plot(dual):
+    tmp, stdout = dual
+    logs = re.findall(r"step (\d+) \(epoch (\d)\): loss ([\d.]+), ([\d,]+) samples/s, data stall ([\d.]+)%",
+                      stdout)
+    assert [int(m[0]) for m in logs] == list(range(5, EPOCHS * STEPS + 1, 5)), stdout
+    losses = [float(m[2]) for m in logs]
+    assert sum(losses[-3:]) < 0.8 * sum(losses[:3]), losses
+    assert re.search(rf"epoch {EPOCHS - 1}: held-out accuracy [\d.]+% on 200 samples \(chance 25.0%\)", stdout), stdout
+    assert re.search(rf"summary: {EPOCHS * STEPS} steps, {EPOCHS * 640:,} samples in .* data stall [\d.]+%, no cache",
+                     stdout)
+    assert (tmp / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_train_audit_records_beside_the_checkpoint_pass_shardfeed_audit(dual):
+    """--audit: one record per rank (the older ones of the run replaced at each checkpoint);
+    together they cover both epochs; one rank's record alone misses the other's samples."""
+    tmp, _ = dual
+    records = sorted((tmp / "ck.pt.audit").iterdir())
+    last = EPOCHS * STEPS
+    assert [r.name for r in records] == [f"steps-0000000-{last:07d}-rank{r}-of-2.json" for r in (0, 1)]
+    both = subprocess.run([EXE, "audit", *map(str, records)], capture_output=True, text=True, timeout=60)
+    assert both.returncode == 0, both.stdout + both.stderr
+    assert f"ok: {EPOCHS} epoch(s), 1 source(s), 2 records" in both.stdout
+    one = subprocess.run([EXE, "audit", str(records[0])], capture_output=True, text=True, timeout=60)
+    assert one.returncode == 1 and "160 samples missed" in one.stdout, one.stdout  # rank 1's 8 of 32, 20 steps
 
 
 @pytest.mark.slow
@@ -84,6 +117,13 @@ def test_train_on_data_without_image_and_cls_names_what_it_has(tmp_path):
             w.write({"__key__": f"{i:04d}", "txt": f"line {i}", "json": {"i": i}})
     _assert_one_line_error(_train(tmp_path / "text"), str(tmp_path / "text"), "image field", "cls field",
                            "txt, json")
+
+
+def test_train_audit_needs_a_checkpoint_and_a_fixed_dataset(tmp_path):
+    _write(tmp_path / "train", 40, 0)
+    _assert_one_line_error(_train(tmp_path / "train", "--audit"), "--audit", "--checkpoint")
+    _assert_one_line_error(_train(tmp_path / "train", "--audit", "--follow", "--checkpoint", tmp_path / "ck.pt"),
+                           "--audit", "--follow")
 
 
 def test_train_checks_eval_data_and_options_too(tmp_path):

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from shardfeed.tools.text import plural
 from shardfeed.tools.train import checkpoint
+from shardfeed.tools.train.audit_records import AuditRecords
 from shardfeed.tools.train.model import SmallCNN, image_field, to_inputs
 from shardfeed.tools.train.options import is_url, schedule_of
 from shardfeed.tools.train.steplog import StepLog
@@ -89,7 +90,8 @@ def run_rank(rank: int, world: int, args) -> dict:
     ds = make_dataset(args, args.data, train=True)
     field = args.image_field or image_field(ds.index) or "png"
     classes = args.classes or _max_label(ds.index) + 1
-    loader = Loader(ds, batch_size=schedule_of(args), num_workers=args.workers, pin_memory=device.type == "cuda")
+    loader = Loader(ds, batch_size=schedule_of(args), num_workers=args.workers, pin_memory=device.type == "cuda",
+                    audit=args.audit)
     model = SmallCNN(classes).to(device)
     ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-4, nesterov=True)
@@ -112,13 +114,23 @@ def run_rank(rank: int, world: int, args) -> dict:
     log = StepLog(args.log_every, rank, history)
     trace = _Trace(args.trace, rank, world)
     meta = {"world_size": world, "data": args.data}
+    records = AuditRecords(args.checkpoint, rank, world, step) if args.audit else None
+    if records is not None:
+        if rank == 0:
+            records.discard_future()
+        dist.barrier()
 
     def save():
+        if records is not None:  # before the checkpoint: see audit_records.py
+            records.write(loader, step)
+            dist.barrier()
         if rank == 0 and args.checkpoint:
             checkpoint.save(args.checkpoint, model, opt, sched, loader.state_dict(), step=step,
                             history=log.records, meta=meta)
         if dist.is_initialized():
             dist.barrier()  # nobody runs ahead (or exits) while rank 0 writes
+        if records is not None:
+            records.drop_older(step)
 
     report, stopped, t_start = {}, False, time.perf_counter()
     last_epoch = loader.epoch + 1 if args.follow else args.epochs
