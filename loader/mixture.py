@@ -26,8 +26,8 @@ seed derived from ``seed`` and its position).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from fractions import Fraction
-from typing import Callable
 
 import numpy as np
 
@@ -86,8 +86,13 @@ class Mixture:
     samples). epoch_steps: the epoch length in steps instead: each epoch
     mixes ``epoch_steps * G`` samples, G being the global batch (all ranks'
     batch sizes summed) of that epoch's stage, so every epoch is exactly
-    ``epoch_steps`` steps (known once a Loader made the feed). Follow sources
-    (streaming) are not mixed yet.
+    ``epoch_steps`` steps (known once a Loader made the feed).
+
+    One source may be a ShardDataset(follow=True) (a growing dataset): the
+    mixture is then one stream that ends with it, each global batch taking
+    ``apportion(G, weights)`` samples per source (the followed source's
+    samples each exactly once); ``weights`` is required, epoch_samples,
+    epoch_steps and counts do not apply (mixture_stream.py).
     """
 
     def __init__(self, sources, weights=None, counts=None, epoch_samples: int | None = None,
@@ -103,14 +108,29 @@ class Mixture:
             raise TypeError(f"seed must be an int, got {seed!r}")
         self.seed = int(seed)
         self.sources: list[ShardDataset] = []
+        self.stream: int | None = None  # the followed source, if any
         for i, s in enumerate(sources):
             if not isinstance(s, ShardDataset):
                 s = ShardDataset(s, shuffle=shuffle, seed=self.seed * 1_000_003 + i, rank=0, world_size=1)
             if s.follow:
-                raise NotImplementedError(
-                    f"source {i} ({s.source}) has follow=True: mixing a growing dataset is not built yet; "
-                    "read it alone with ShardDataset(follow=True, replay=...) to mix new data with older samples")
+                if self.stream is not None:
+                    raise NotImplementedError(f"sources {self.stream} and {i} both have follow=True: one followed "
+                                              "source per Mixture (write both streams into one growing dataset)")
+                if s.replay:
+                    raise ValueError(f"source {i} ({s.source}) has replay={s.replay}: in a Mixture the fixed "
+                                     "sources are the replay; drop replay= from the followed source")
+                self.stream = i
             self.sources.append(s)
+        if self.stream is not None:
+            if len(self.sources) < 2:
+                raise ValueError("a Mixture with a followed source needs at least one fixed source beside it")
+            if weights is None or counts is not None or epoch_samples is not None or epoch_steps is not None:
+                raise ValueError(f"source {self.stream} follows a growing dataset: give weights= (each global batch "
+                                 "takes apportion(G, weights) samples per source); counts, epoch_samples and "
+                                 "epoch_steps have no meaning for a stream")
+            if callable(weights) or (list(weights) and isinstance(list(weights)[0], (tuple, list))):
+                raise ValueError("a Mixture with a followed source is one stream: give one fixed list of weights, "
+                                 "not a curriculum")
         self.names = [s.source for s in self.sources]
         self.sizes = [int(s.index.num_samples) for s in self.sources]
         if epoch_samples is not None and (isinstance(epoch_samples, bool) or not isinstance(epoch_samples, int)
@@ -133,14 +153,16 @@ class Mixture:
         self.on_error = on_error
         self.policy = ErrorPolicy(on_error)
         self.topology = _topology.detect(rank, world_size)
-        self.follow = False
+        self.follow = self.stream is not None
         self.epoch = 0
         self.image_size: int | None = None
         self._memo: dict[int, list[int]] = {}
         self._starts: list[tuple[int, list[int]]] = [(0, [0] * len(self.sources))]
         self.index = self._combined_index()
-        if epoch_steps is None:
-            self.counts_at(0)  # check the first epoch's counts now
+        if epoch_steps is None and self.stream is None:
+            self.counts_at(0)
+        elif self.stream is not None:
+            self.weights_at(0)  # check the first epoch's counts now
 
     # -- topology and epochs ------------------------------------------
     @property
@@ -185,6 +207,19 @@ class Mixture:
         self._memo[epoch] = out
         return out
 
+    def weights_at(self, epoch: int) -> list:
+        raw = list(self._weights(epoch))
+        m = len(self.sources)
+        if len(raw) != m or any(isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating))
+                                or v < 0 for v in raw) or sum(raw) <= 0:
+            raise ValueError(f"weights of epoch {epoch} = {raw!r}: give one number >= 0 per source ({m} sources: "
+                             f"{self.names}), not all zero")
+        return raw
+
+    def batch_counts(self, G: int) -> list[int]:
+        """A stream mixture's samples per source in each global batch of ``G``."""
+        return apportion(G, self.weights_at(0))
+
     def _epoch_length(self, epoch: int) -> int:
         if self.epoch_steps is None:
             return self.epoch_samples
@@ -221,12 +256,26 @@ class Mixture:
 
     # -- what a Loader needs -----------------------------------------------
     def specs(self):
-        return [s.spec for s in self.sources]
+        return [None if i == self.stream else s.spec for i, s in enumerate(self.sources)]
+
+    def layout(self) -> list[int]:
+        """Sources in combined-index order: a followed source last, so it grows at the end."""
+        m = len(self.sources)
+        return [i for i in range(m) if i != self.stream] + ([self.stream] if self.stream is not None else [])
 
     def offsets(self) -> list[int]:
-        return [int(x) for x in np.cumsum([0] + self.sizes[:-1])]
+        out, acc = [0] * len(self.sources), 0
+        for i in self.layout():
+            out[i] = acc
+            acc += self.sizes[i]
+        return out
 
     def fingerprint(self) -> dict:
+        if self.stream is not None:  # the stream's size changes; what it is dealt by does not
+            return {"mixture": [["follow", s.order.value, s.seed] if i == self.stream else
+                                [s.index.num_samples, len(s.index), s.order.value, s.seed]
+                                for i, s in enumerate(self.sources)],
+                    "weights": [float(w) for w in self.weights_at(0)], "drop_last": self.drop_last}
         fp = {"mixture": [[s.index.num_samples, len(s.index), s.order.value, s.seed] for s in self.sources],
               "epoch_samples": self.epoch_samples, "drop_last": self.drop_last}
         if self.epoch_steps is not None:
@@ -235,6 +284,10 @@ class Mixture:
 
     def feed(self, schedule: BatchSchedule) -> MixtureFeed:
         t = self.topology
+        if self.stream is not None:
+            from shardfeed.loader.mixture_stream import MixtureStreamFeed
+
+            return MixtureStreamFeed(self, schedule, t.rank, t.world_size, t.ranks_per_node)
         feed = MixtureFeed(self, schedule, t.rank, t.world_size, t.ranks_per_node, epoch=self.epoch)
         if self.epoch_steps is not None:
             self._global_batch = lambda epoch: sum(feed.job(epoch).batch_sizes)
@@ -244,46 +297,66 @@ class Mixture:
         return feed
 
     def maker(self, collate_fn: Callable | None = None, decode: bool | None = None) -> BatchMaker:
-        return BatchMaker(self.index, decode=self.decode if decode is None else decode, transform=self.transform,
-                          collate_fn=collate_fn, policy=self.policy, read_mode=self.read_mode)
+        maker = BatchMaker(self.index, decode=self.decode if decode is None else decode, transform=self.transform,
+                           collate_fn=collate_fn, policy=self.policy, read_mode=self.read_mode)
+        if self.stream is None:
+            return maker
+        from shardfeed.loader.mixture_stream import MixtureFollowMaker
+
+        return MixtureFollowMaker(maker, self)
+
+    def grown_index(self) -> DatasetIndex:
+        """The combined index with the followed source's shards published since it was opened."""
+        from shardfeed.formats.commit_log import open_stream_index
+
+        src = self.sources[self.stream]
+        return self._combined_index({self.stream: open_stream_index(src.index.root)[0]})
 
     def unbatched_plan(self, epoch: int | None = None):
         """This rank's plan dealt one sample per rank per step (warms a worker's jitted code)."""
+        if self.stream is not None:
+            raise TypeError("a Mixture with a followed source has no fixed plan (it grows until its end commit)")
         feed = self.feed(BatchSchedule.of(1))
         return feed.plan(self.epoch if epoch is None else epoch)
 
     def source_of(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Combined ids -> (source, id inside the source)."""
+        order = np.asarray(self.layout(), np.int64)
         off = np.asarray(self.offsets(), np.int64)
-        src = np.searchsorted(off, ids, side="right") - 1
+        src = order[np.searchsorted(off[order], ids, side="right") - 1]
         return src, ids - off[src]
 
     def __len__(self) -> int:
         """This rank's samples of the current epoch (equal shares; padding included)."""
+        if self.stream is not None:
+            raise TypeError("a Mixture with a followed source has no length (it grows until its end commit)")
         n, w = self.epoch_total(self.epoch), self.world_size
         return n // w if self.drop_last else -(-n // w)
 
-    def _combined_index(self) -> DatasetIndex:
+    def _combined_index(self, grown: dict | None = None) -> DatasetIndex:
         roots = [os.path.abspath(s.index.root.removeprefix("file://")) for s in self.sources]
         root = os.path.commonpath(roots) if len(set(roots)) > 1 else roots[0]
         names, formats, counts, sizes, hashes, fields, tables = [], [], [], [], [], [], {}
-        for s, r in zip(self.sources, roots):
+        for i in self.layout():
+            s, r = self.sources[i], roots[i]
+            index = (grown or {}).get(i, s.index)
             if "://" in s.index.root and not s.index.root.startswith("file://"):
                 raise NotImplementedError(f"{s.index.root}: remote sources are not mixed yet")
             rel = os.path.relpath(r, root)
             prefix = "" if rel in ("", ".") else rel.replace(os.sep, "/") + "/"
-            for row, table in s.index.tables.items():
+            for row, table in index.tables.items():
                 tables[len(names) + row] = table
-            names += [prefix + n for n in s.index.names]
-            formats += s.index.formats
-            counts += s.index.counts.tolist()
-            sizes += s.index.sizes.tolist()
-            hashes += s.index.hashes
-            fields += [f for f in s.index.fields if f not in fields]
+            names += [prefix + n for n in index.names]
+            formats += index.formats
+            counts += index.counts.tolist()
+            sizes += index.sizes.tolist()
+            hashes += index.hashes
+            fields += [f for f in index.fields if f not in fields]
         idx = DatasetIndex(root, names, formats, counts, sizes, hashes, fields, {"mixture": True})
         idx.tables = tables
         return idx
 
     def __repr__(self) -> str:
-        return (f"Mixture({self.names!r}, counts(epoch {self.epoch})={self.counts_at(self.epoch)}, "
-                f"rank={self.rank}/{self.world_size})")
+        what = (f"weights={self.weights_at(0)}, follows source {self.stream}" if self.stream is not None
+                else f"counts(epoch {self.epoch})={self.counts_at(self.epoch)}")
+        return f"Mixture({self.names!r}, {what}, rank={self.rank}/{self.world_size})"
