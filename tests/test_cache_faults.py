@@ -28,7 +28,7 @@ START_S = 120  # a child imports numpy/pyarrow: slow on a loaded 2-core machine
 CHILD = r"""
 import json, os, random, sys, time
 import xxhash
-from shardfeed.cache import ShardCache
+from shardfeed.cache import FetchOptions, ShardCache
 from shardfeed.formats import ShardError
 
 a = json.loads(sys.argv[1])
