@@ -2,10 +2,17 @@
 
 from shardfeed.formats.codecs import codec_of, decode_field, encode_field
 from shardfeed.formats.errors import ReadError, ShardError
-from shardfeed.formats.index import (DatasetIndex, ShardInfo, compact, format_of, open_index, publish,
-                                     read_log, write_index)
-from shardfeed.formats.readers import (ColumnarShardReader, TarShardReader, hash_file, open_shard,
-                                       verify_shard)
+from shardfeed.formats.index import (
+                                     DatasetIndex,
+                                     ShardInfo,
+                                     compact,
+                                     format_of,
+                                     open_index,
+                                     publish,
+                                     read_log,
+                                     write_index,
+)
+from shardfeed.formats.readers import ColumnarShardReader, TarShardReader, hash_file, open_shard, verify_shard
 from shardfeed.formats.sidecar import SampleTable, read_sidecar, scan_tar
 from shardfeed.formats.sources import expand_braces, expand_source
 from shardfeed.formats.writer import ShardWriter

@@ -24,8 +24,8 @@ loops are in kernels.py, the open shards in open_shards.py.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 import xxhash

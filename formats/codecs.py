@@ -26,7 +26,8 @@ import io
 import json
 import os
 import zlib
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 

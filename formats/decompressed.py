@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from typing import Callable
+from collections.abc import Callable
 
 from shardfeed.formats.errors import ShardError
 

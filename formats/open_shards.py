@@ -30,16 +30,30 @@ from __future__ import annotations
 import mmap
 import os
 from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
 from shardfeed.formats import decompressed
 from shardfeed.formats.columns import ColumnarView
 from shardfeed.formats.errors import ShardError
-from shardfeed.formats.kernels import (CSUM, FD, FID, KDATA, KLEN, KOFF, MSTART, NCOL, NMEM, NSAMP, OFF, SIZE, SRC,
-                                       SRC_LEN)
+from shardfeed.formats.kernels import (
+    CSUM,
+    FD,
+    FID,
+    KDATA,
+    KLEN,
+    KOFF,
+    MSTART,
+    NCOL,
+    NMEM,
+    NSAMP,
+    OFF,
+    SIZE,
+    SRC,
+    SRC_LEN,
+)
 from shardfeed.formats.readers import TarShardReader, open_shard
 
 MAX_OPEN_SHARDS = 256  # default max_open: shards kept open between reads

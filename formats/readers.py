@@ -11,11 +11,11 @@ same way. Parquet and Arrow shards are read by row group / record batch.
 from __future__ import annotations
 
 import gzip
-import io
 import mmap
 import os
 import zlib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pyarrow as pa

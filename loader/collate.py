@@ -33,7 +33,6 @@ import torch
 from shardfeed.formats.codecs import decode_npy
 from shardfeed.formats.kernels import copy_ranges
 
-
 _SLICE_WHOLE_BYTES = 16 << 10  # mean item size up to which to_list copies the items' span once first
 
 
@@ -98,7 +97,7 @@ class Blob:
         return [None if z < 0 else base[a:a + z] for a, z in zip(starts, sizes)]
 
     @classmethod
-    def from_list(cls, items: list) -> "Blob":
+    def from_list(cls, items: list) -> Blob:
         text = all(isinstance(x, str) or x is None for x in items)
         enc = [None if x is None else (x.encode("utf-8") if text else bytes(x)) for x in items]
         sizes = np.array([-1 if b is None else len(b) for b in enc], np.int64)

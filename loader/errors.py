@@ -9,7 +9,7 @@ not a thousand).
 from __future__ import annotations
 
 import logging
-from typing import Iterable
+from collections.abc import Iterable
 
 from shardfeed.formats.errors import ReadError
 

@@ -20,7 +20,8 @@ from __future__ import annotations
 import time
 import warnings
 from collections import deque
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 

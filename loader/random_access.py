@@ -38,7 +38,8 @@ from __future__ import annotations
 import bisect
 import operator
 from collections import OrderedDict
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 import xxhash
@@ -112,7 +113,7 @@ class SampleLookup:
             return False
         return True
 
-    def prepare_keys(self) -> "_KeyRouter":
+    def prepare_keys(self) -> _KeyRouter:
         """Build the key routing now (it is built on the first ``get`` otherwise)."""
         if self._router is None:
             self._router = _KeyRouter.build(self.index, self._scan_keys)
@@ -237,7 +238,7 @@ class _KeyRouter:
         self.positions = positions
 
     @classmethod
-    def build(cls, index, keys_of: Callable[[int], list[str]]) -> "_KeyRouter":
+    def build(cls, index, keys_of: Callable[[int], list[str]]) -> _KeyRouter:
         shards, first, last = [], [], []
         ordered = True
         for s in range(len(index)):

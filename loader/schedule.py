@@ -9,8 +9,8 @@ close the shards they hold open.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 
 def _check_bs(value, where: str):

@@ -109,12 +109,12 @@ class WorkerPool:
         self._current: dict[tuple[int, int], str] = {}
         self._closed = False
         ends = []
-        for w in range(num_workers):
+        for _ in range(num_workers):
             t_recv, t_send = ctx.Pipe(duplex=False)
             r_recv, r_send = ctx.Pipe(duplex=False)
             ends.append((t_recv, t_send, r_recv, r_send))
         try:
-            for w, (t_recv, t_send, r_recv, r_send) in enumerate(ends):
+            for w, (t_recv, _t_send, _r_recv, r_send) in enumerate(ends):
                 # a forked child closes every end that is not its own, so EOF works
                 # both ways; a spawned one inherits only what it is given
                 others = [c for i, e in enumerate(ends) for c in e
@@ -124,7 +124,7 @@ class WorkerPool:
                 p.start()
                 self.procs.append(p)
         finally:
-            for t_recv, t_send, r_recv, r_send in ends:
+            for t_recv, _t_send, _r_recv, r_send in ends:
                 t_recv.close()
                 r_send.close()
         self.tasks = [e[1] for e in ends]

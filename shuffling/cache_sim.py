@@ -20,9 +20,9 @@ can call it at start-up to warn of a plan that will thrash.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Sequence
 
 import numpy as np
 
@@ -58,7 +58,7 @@ class Accesses:
         return len(self.bounds) - 1
 
     @classmethod
-    def of(cls, shards, bounds=None) -> "Accesses":
+    def of(cls, shards, bounds=None) -> Accesses:
         """From plain shard ids (one per read), one epoch unless ``bounds`` says otherwise."""
         shards = np.asarray(shards, np.int64)
         if bounds is None:

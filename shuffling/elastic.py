@@ -9,7 +9,7 @@ world size has them.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from shardfeed.shuffling.plan import EpochPlan, make_plan
 from shardfeed.shuffling.topology import Topology

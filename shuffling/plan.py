@@ -16,7 +16,8 @@ what locality-aware dealing and exact elastic resume build on.
 from __future__ import annotations
 
 import copy
-from typing import Iterator, NamedTuple
+from collections.abc import Iterator
+from typing import NamedTuple
 
 import numpy as np
 

@@ -31,7 +31,7 @@ class Fault:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    server: "RangeServer"
+    server: RangeServer
 
     def log_message(self, *args):  # keep test output quiet
         pass

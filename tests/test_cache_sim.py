@@ -31,7 +31,7 @@ def reference(sizes, seq, limit, policy):
                 if policy == "lru":
                     victim = min(cached, key=lambda c: last[c])
                 else:
-                    def next_use(c):
+                    def next_use(c, i=i):
                         later = [j for j in range(i + 1, len(seq)) if seq[j] == c]
                         return later[0] if later else len(seq)
                     victim = max(cached, key=lambda c: (next_use(c), -last[c]))

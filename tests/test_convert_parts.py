@@ -7,10 +7,9 @@ import os
 
 import pytest
 
+from conftest import labelled_sample
 from shardfeed.formats import ShardWriter, open_index, open_shard
 from shardfeed.tools.cli import main
-
-from conftest import labelled_sample
 
 
 def _files(root) -> dict[str, bytes]:
@@ -74,8 +73,8 @@ def test_shuffled_output_is_a_permutation_and_buckets_equal_permute(tmp_path, fm
             w.write(dict(labelled_sample(i), cls=i // 100))
     base = ["--max-shard-samples", "128", "--format", fmt, "--shuffle-seed", "5"]
     assert main(["convert", "-q", src, str(tmp_path / "perm"), *base, "--shuffle-mode", "permute"]) == 0
-    from shardfeed.tools.convert.order import BucketShuffle
     from shardfeed.tools.convert.job import ConvertOptions, convert
+    from shardfeed.tools.convert.order import BucketShuffle
     from shardfeed.tools.convert.sources import open_source
 
     opts = ConvertOptions(format=fmt, max_shard_samples=128, shuffle_seed=5, shuffle_mode="buckets",

@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import labelled_sample
-from shardfeed.formats import (ShardError, ShardInfo, open_index, open_shard, verify_shard,
-                               write_index)
+from shardfeed.formats import ShardError, ShardInfo, open_index, open_shard, verify_shard, write_index
 from shardfeed.formats.readers import TarShardReader
 
 
@@ -182,6 +181,7 @@ def test_broken_index_file(make_dataset):
 def test_index_naming_an_unsafe_shard_path(make_dataset):
     root = make_dataset(n=5)
     import pyarrow as pa
+
     from shardfeed.formats.index import INDEX_NAME
     src = os.path.join(root, INDEX_NAME)
     with open(src, "rb") as f:  # a copy: the file is rewritten in place below
@@ -189,6 +189,7 @@ def test_index_naming_an_unsafe_shard_path(make_dataset):
     tbl = tbl.set_column(0, "name", pa.array(["../../etc/passwd.tar"]))
     # a hostile index carries a valid digest: the digest guards against damage, not attackers
     import json
+
     from shardfeed.formats.sidecar import table_digest
     meta = json.loads(tbl.schema.metadata[b"shardfeed.index"])
     meta["digest"] = table_digest(tbl, meta)
@@ -282,6 +283,7 @@ def test_vectorised_shard_name_check_agrees_with_the_scalar_one(name):
     """The index checks 100,000 names in one Arrow regex; it must accept and
     refuse exactly what the scalar check does."""
     import pyarrow as pa
+
     from shardfeed.formats.index import check_shard_name, check_shard_names
     try:
         check_shard_name(name, "w")

@@ -12,7 +12,8 @@ import shutil
 import tarfile
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from conftest import labelled_sample
 from shardfeed.formats import ShardError, ShardWriter, open_index, open_shard
@@ -202,6 +203,7 @@ def test_commit_log_entry_parses_or_raises_shard_error(tmp_path, entry):
 @given(kind=st.sampled_from(["zst", "gz"]), d=damage)
 def test_damaged_compressed_frames_parse_or_raise_shard_error(pristine, tmp_path, kind, d):
     import gzip
+
     import zstandard
     raw = open(pristine["foreign"], "rb").read()
     packed = zstandard.ZstdCompressor(write_checksum=True).compress(raw) if kind == "zst" else gzip.compress(raw)

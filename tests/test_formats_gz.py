@@ -19,8 +19,7 @@ import pytest
 import torch
 from PIL import Image
 
-from shardfeed.formats import ShardError, ShardWriter, decode_field, encode_field, open_index, open_shard
-from shardfeed.formats import codecs
+from shardfeed.formats import ShardError, ShardWriter, codecs, decode_field, encode_field, open_index, open_shard
 from shardfeed.loader import Loader, ShardDataset
 from shardfeed.loader.random_access import SampleLookup
 

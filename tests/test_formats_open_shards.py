@@ -7,9 +7,9 @@ import logging
 
 import numpy as np
 import pytest
-from conftest import labelled_sample
 from test_formats_batch import _as_samples, _expected
 
+from conftest import labelled_sample
 from shardfeed.formats import ShardError, ShardWriter, open_index
 from shardfeed.formats.batch import BatchReader
 from shardfeed.formats.errors import ReadError

@@ -3,17 +3,16 @@ schedules, per-rank batch sizes, and ShardDataset inside a torch DataLoader."""
 
 from __future__ import annotations
 
-import os
-
 import io
+import os
 import warnings
 
 import numpy as np
 import pytest
 import torch
+
 from conftest import labelled_sample
 from loader_helpers import keys_of, rank_loaders, step_together
-
 from shardfeed.formats import ShardWriter
 from shardfeed.loader import BatchSchedule, Loader, ShardDataset, Stage
 

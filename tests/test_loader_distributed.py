@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from distributed_utils import run_ranks
 
+from distributed_utils import run_ranks
 from shardfeed.loader import Loader, ShardDataset
 
 pytestmark = pytest.mark.distributed

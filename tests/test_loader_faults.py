@@ -10,8 +10,8 @@ import time
 
 import psutil
 import pytest
-from loader_helpers import keys_of
 
+from loader_helpers import keys_of
 from shardfeed.formats import ShardError, open_index
 from shardfeed.loader import Loader, ShardDataset, WorkerError
 

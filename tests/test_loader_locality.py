@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from loader_helpers import check_save_restore, keys_of
 
+from loader_helpers import check_save_restore, keys_of
 from shardfeed.formats import open_index
 from shardfeed.loader import Loader, ShardDataset
 

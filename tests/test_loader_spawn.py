@@ -6,8 +6,8 @@ from __future__ import annotations
 import pickle
 
 import pytest
-from loader_helpers import keys_of
 
+from loader_helpers import keys_of
 from shardfeed.loader import Loader, ShardDataset
 from shardfeed.loader.collate import materialize
 from shardfeed.loader.loader import MakerFactory

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from loader_helpers import check_save_restore, rank_loaders, step_together
 
+from loader_helpers import check_save_restore, rank_loaders, step_together
 from shardfeed.loader import BatchSchedule, Loader, ShardDataset, Stage
 
 
@@ -34,7 +34,7 @@ def test_exact_resume_across_a_stage_change(make_dataset):
 def test_exact_resume_on_every_rank_of_a_job(make_dataset):
     root = make_dataset(101, shard_samples=25)
     for r in range(3):
-        check_save_restore(lambda: Loader(ShardDataset(root, rank=r, world_size=3), 6), [2, 5])
+        check_save_restore(lambda r=r: Loader(ShardDataset(root, rank=r, world_size=3), 6), [2, 5])
 
 
 def test_state_is_small_plain_and_versioned(make_dataset):

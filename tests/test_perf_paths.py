@@ -11,13 +11,12 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import labelled_sample
 from shardfeed.formats import decompressed
 from shardfeed.formats.batch import BatchReader
 from shardfeed.formats.columns import DECODED
 from shardfeed.formats.index import open_index
 from shardfeed.loader import Loader, ShardDataset
-
-from conftest import labelled_sample
 
 
 def _batches(root, workers=0, shuffle="global", **kw):

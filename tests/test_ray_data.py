@@ -10,10 +10,9 @@ import pytest
 pytestmark = pytest.mark.slow  # one Ray start (~3-20 s on a loaded machine) and Ray Data warm-up
 ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'shardfeed[ray]'")
 
+from conftest import labelled_sample  # noqa: E402
 from shardfeed.formats import ShardWriter, open_index, open_shard, verify_shard  # noqa: E402
 from shardfeed.tools.cli import main  # noqa: E402
-
-from conftest import labelled_sample  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -6,10 +6,9 @@ import os
 
 import pytest
 
+from conftest import labelled_sample
 from shardfeed.formats import ShardWriter, open_index, open_shard, verify_shard
 from shardfeed.tools.cli import main
-
-from conftest import labelled_sample
 
 
 def _samples(root) -> list[dict]:

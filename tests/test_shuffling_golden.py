@@ -219,7 +219,6 @@ def _compute_workers(c: dict) -> dict:
 
 def _write_loader_dataset(root: str) -> None:
     from conftest import labelled_sample
-
     from shardfeed.formats import ShardWriter
 
     with ShardWriter(root, max_shard_samples=LOADER_SHARD_SAMPLES) as w:
@@ -305,7 +304,7 @@ def _regenerate() -> None:
     json.loads(GOLDEN.read_text())  # still valid JSON
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _golden() -> dict:
     if os.environ.get(REGEN_ENV) == "1":
         _regenerate()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import glob
 import math
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 from shardfeed.tools.bench.samples import SampleSpec
 

@@ -184,9 +184,9 @@ def main(args) -> int:
     from tqdm import tqdm
 
     from shardfeed.formats import ShardError
-    from shardfeed.tools.convert.job import check_destination, convert
-    from shardfeed.tools.convert.field_map import parse_field_specs
     from shardfeed.formats.writer import check_field
+    from shardfeed.tools.convert.field_map import parse_field_specs
+    from shardfeed.tools.convert.job import check_destination, convert
     from shardfeed.tools.convert.sources import open_source
 
     if args.merge:

@@ -46,8 +46,8 @@ import re
 import shutil
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
@@ -55,10 +55,17 @@ from shardfeed.formats import ShardError, ShardInfo, ShardWriter, codec_of, deco
 from shardfeed.formats.sidecar import SIDECAR_SUFFIX
 from shardfeed.tools.convert.order import BucketShuffle, OutputOrder, bucket_samples_for
 from shardfeed.tools.convert.parts import write_part_manifest
+
 # staging checks and the swap into DST (_host and _SignalsHeld stay importable from here)
 from shardfeed.tools.convert.publish import _host, _publish, _SignalsHeld, check_destination, remove_stale_stages  # noqa: F401
-from shardfeed.tools.convert.resume import (StageLock, append_manifest, args_key, read_manifest,
-                                            remove_superseded, stage_path)
+from shardfeed.tools.convert.resume import (
+    StageLock,
+    append_manifest,
+    args_key,
+    read_manifest,
+    remove_superseded,
+    stage_path,
+)
 
 PART_PREFIX = "shard"
 _SHARD_NAME = re.compile(rf"^{PART_PREFIX}-\d+(\..+)$")  # ShardWriter's "shard-000012.tar.zst"

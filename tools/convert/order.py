@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import struct
 from collections import OrderedDict
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 

@@ -70,7 +70,7 @@ def _link(src: str, dst: str) -> None:
 
 def merge_parts(dst: str, part_dirs: list[str], overwrite: bool = False):
     """Publish the parts as one dataset at ``dst``; returns a ConvertResult."""
-    from shardfeed.tools.convert.job import (ConvertResult, _publish, check_destination, remove_stale_stages)
+    from shardfeed.tools.convert.job import ConvertResult, _publish, check_destination, remove_stale_stages
     from shardfeed.tools.convert.resume import StageLock, args_key, stage_path
 
     t0 = time.perf_counter()
