@@ -1,0 +1,206 @@
+"""The commit log of a growing dataset in an object store (``s3://``, ...).
+
+The same log as commit_log.py (``<url>/_log/<seq>.json``, one commit an
+object, the end a ``{"kind": "end"}`` entry) with the same no-holes rule,
+where create-if-absent is the store's conditional put (S3: ``PUT`` with
+``If-None-Match: *``, through fsspec's ``pipe_file(mode="create")``): a writer
+lists the log, puts at (highest) + 1, and on a refusal (412, FileExistsError)
+reads the entry that won and walks up unless it is the end. So writers on any
+number of hosts append without a lost commit, and nothing lands after an end.
+
+``RemoteAppender`` is a ShardWriter whose finished shards are uploaded (the
+sidecar first, the shard, then the commit), so a reader that sees a commit
+finds both objects complete. Readers follow the remote log through the node
+cache (cache/remote_index.py mirrors ``_log/``); this module knows nothing of
+the cache. A store without conditional put is refused, never raced.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import shutil
+import tempfile
+
+from shardfeed.formats.commit_log import END, LogView, _shard
+from shardfeed.formats.errors import ShardError
+from shardfeed.formats.index import INDEX_NAME, LOG_DIR, ShardInfo, check_shard_name
+from shardfeed.formats.sidecar import SIDECAR_SUFFIX
+
+_SEQ_RE = re.compile(r"^(\d{12})\.json$")
+_MAX_ENTRY = 1 << 16
+# schemes whose fsspec filesystem implements pipe_file(mode="create") as an atomic conditional put
+# (an object appears whole or not at all). A local folder uses commit_log.py's hard links instead:
+# fsspec's local "create" opens with O_EXCL and writes after, so a reader could see half an entry.
+CONDITIONAL_PUT = ("s3", "s3a")
+
+
+class RemoteLog:
+    """The commit log at ``url`` (a dataset prefix), through fsspec."""
+
+    def __init__(self, url: str, storage_options: dict | None = None):
+        import fsspec
+
+        self.url = str(url).rstrip("/")
+        scheme = self.url.split("://", 1)[0] if "://" in self.url else "file"
+        if scheme not in CONDITIONAL_PUT:
+            raise ShardError(self.url, f"{scheme}:// has no atomic create-if-absent put that shardfeed uses, so "
+                                       "two writers could overwrite one commit; for a local folder use "
+                                       "ShardWriter(append=True), for a bucket s3:// "
+                                       f"(supported: {', '.join(CONDITIONAL_PUT)})")
+        self.fs, self.path = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
+        self.log = f"{self.path}/{LOG_DIR}"
+
+    def _entry(self, seq: int) -> str:
+        return f"{self.log}/{seq:012d}.json"
+
+    def seqs(self) -> list[int]:
+        try:
+            listed = self.fs.ls(self.log, detail=False, refresh=True)
+        except FileNotFoundError:
+            return []
+        return sorted(int(m.group(1)) for p in listed if (m := _SEQ_RE.match(p.rstrip("/").rsplit("/", 1)[-1])))
+
+    def read_entry(self, seq: int) -> dict:
+        where = f"{self.url}/{LOG_DIR}/{seq:012d}.json"
+        try:
+            with self.fs.open(self._entry(seq), "rb") as f:
+                rec = json.loads(f.read(_MAX_ENTRY))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ShardError(where, f"commit log entry is malformed: {e}") from e
+        if not isinstance(rec, dict):
+            raise ShardError(where, "commit log entry is malformed: not a JSON object")
+        return rec
+
+    def base_seq(self) -> int:
+        """The last commit folded into the remote index.arrow (0 without one)."""
+        import pyarrow as pa
+
+        try:
+            data = self.fs.cat_file(f"{self.path}/{INDEX_NAME}")
+        except FileNotFoundError:
+            return 0
+        try:
+            meta = json.loads((pa.ipc.open_file(io.BytesIO(data)).schema.metadata or {})[b"shardfeed.index"])
+            return int(meta.get("log_seq", 0))
+        except (pa.ArrowInvalid, KeyError, ValueError, TypeError) as e:
+            raise ShardError(f"{self.url}/{INDEX_NAME}", f"is not a readable shardfeed index: {e}") from e
+
+    def read_commits(self, after: int = 0) -> LogView:
+        shards, end = [], None
+        for seq in self.seqs():
+            if seq <= after:
+                continue
+            where = f"{self.url}/{LOG_DIR}/{seq:012d}.json"
+            if end is not None:
+                raise ShardError(where, f"commit {seq} comes after the end of the stream (commit {end}): "
+                                        "the log is damaged; nothing may be published after end_stream()")
+            rec = self.read_entry(seq)
+            if rec.get("kind") == END:
+                end = seq
+            else:
+                shards.append((seq, _shard(rec, where)))
+        return LogView(shards, end)
+
+    def try_commit(self, seq: int, record: dict) -> bool:
+        """Create entry ``seq`` if absent: True if this call created it, False if it existed."""
+        try:
+            self.fs.pipe_file(self._entry(seq), json.dumps(record).encode(), mode="create")
+            return True
+        except FileExistsError:
+            return False
+
+    def commit(self, record: dict, what: str) -> int:
+        seqs = self.seqs()
+        if seqs and self.read_entry(seqs[-1]).get("kind") == END:
+            raise ShardError(self.url, f"cannot commit {what}: the stream was ended by commit {seqs[-1]} "
+                                       "(end_stream); start a new dataset prefix to publish more")
+        seq = seqs[-1] + 1 if seqs else self.base_seq() + 1
+        while not self.try_commit(seq, record):
+            # another writer took this number; if it ended the stream, stop here
+            if self.read_entry(seq).get("kind") == END:
+                raise ShardError(self.url, f"cannot commit {what}: the stream was ended by commit {seq} "
+                                           "(end_stream) while this writer was publishing")
+            seq += 1
+        return seq
+
+    def publish(self, info: ShardInfo) -> int:
+        check_shard_name(info.name, self.url)
+        return self.commit(dict(info.__dict__), f"shard {info.name}")
+
+    def end_stream(self) -> int:
+        return self.commit({"kind": END}, "the end of the stream")
+
+
+class RemoteAppender:
+    """Append samples to a growing dataset at ``url``: shards are written in a
+    local staging folder, uploaded when full and committed to the remote log.
+
+    >>> with RemoteAppender("s3://bucket/ds", storage_options, max_shard_samples=1000) as w:
+    ...     w.write({"__key__": "a", "cls": 1})
+    """
+
+    def __init__(self, url: str, storage_options: dict | None = None, stage_dir: str | None = None,
+                 prefix: str = "shard", **writer_kwargs):
+        import time
+
+        from shardfeed.formats.writer import ShardWriter
+
+        self.log = RemoteLog(url, storage_options)
+        self._stage = tempfile.mkdtemp(prefix=".remote-append-", dir=stage_dir)
+        # a unique prefix per writer: two hosts must never upload to one shard name
+        tag = f"{prefix}-{time.time_ns():x}-{os.getpid()}-{os.urandom(3).hex()}"
+        self.writer = ShardWriter(self._stage, prefix=tag, **writer_kwargs)
+        self.published: list[tuple[int, ShardInfo]] = []
+        self._closed = False
+
+    @property
+    def format(self) -> str:
+        return self.writer.format
+
+    def _upload_finished(self) -> None:
+        while len(self.published) < len(self.writer.shards):
+            info = self.writer.shards[len(self.published)]
+            local = os.path.join(self._stage, info.name)
+            remote = f"{self.log.path}/{info.name}"
+            if os.path.exists(local + SIDECAR_SUFFIX):  # the sidecar first: a committed shard has both
+                self.log.fs.put_file(local + SIDECAR_SUFFIX, remote + SIDECAR_SUFFIX)
+            self.log.fs.put_file(local, remote)
+            self.published.append((self.log.publish(info), info))
+            for suffix in (SIDECAR_SUFFIX, ""):
+                if os.path.exists(local + suffix):
+                    os.unlink(local + suffix)
+
+    def write(self, sample: dict) -> None:
+        self.writer.write(sample)
+        self._upload_finished()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.writer.close()  # finishes the last shard (and a local index nobody reads)
+            self._upload_finished()
+        finally:
+            shutil.rmtree(self._stage, ignore_errors=True)
+
+    def end_stream(self) -> int:
+        self.close()
+        return self.log.end_stream()
+
+    def abort(self) -> None:
+        self._closed = True
+        self.writer.abort()
+        shutil.rmtree(self._stage, ignore_errors=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None:
+            self.abort()
+        else:
+            self.close()
