@@ -16,6 +16,17 @@ source that repeats (count > size) or continues a sub-sampled permutation
 has ``unique`` computed from its ids (one pass over the epoch's ids of that
 source when the epoch's first batch is recorded).
 
+A followed stream (``follow=True``, alone or as a Mixture's source) is one
+"epoch" (0) whose expectation is the published prefix consumed so far,
+taken from the feed's state after the last recorded step (its watermark):
+every stream sample below it exactly once across ranks (the tail's padding
+allowed), and each fixed source of a stream mixture ``P`` deliveries of
+``min(P, size)`` distinct samples, ``P`` being its consumed walk position.
+The stream's bitmap grows with it; its ``samples`` in the record is the
+watermark. Records of all ranks must be saved at the same step (the
+checkpoint), as for epochs. Replay (``follow=True, replay=...``) is not
+audited (its repeats are drawn, not counted).
+
 Save ``audit_state()`` with ``save(state, path)`` beside each checkpoint:
 the record covers exactly the batches the state_dict() of the same moment
 says were consumed, so the records of a run and of its resumed run (any
@@ -87,9 +98,21 @@ class AuditRecorder:
         elif self.kind == "epoch":
             self.names, self.sizes = [str(getattr(dataset, "source", "dataset"))], [feed.spec.num_samples]
             self._split = None
+        elif self.kind == "follow":
+            if feed.replay:
+                raise NotImplementedError(f"{feed.root}: audit of a followed stream with replay={feed.replay} is "
+                                          "not built (replayed samples are drawn with repeats); audit without replay")
+            self.names, self.sizes = [feed.root], [feed.log.total]
+            self._split = None
+        elif self.kind == "mixture-stream":
+            mx = feed.mixture
+            self.names, self.sizes = list(mx.names), list(mx.sizes)
+            self._split = mx.source_of
         else:
-            raise NotImplementedError(f"audit of a {self.kind} feed (a followed stream) is not built: its "
-                                      "samples are delivered once across the stream, not per epoch")
+            raise NotImplementedError(f"audit of a {self.kind} feed is not built")
+        # the followed source (its bitmap grows; its expectation is the consumed prefix)
+        self.stream = {"follow": 0, "mixture-stream": getattr(getattr(feed, "mixture", None), "stream", None)}.get(
+            self.kind)
         self.epochs: dict[int, dict] = {}
 
     def _epoch(self, item) -> dict:
@@ -103,6 +126,8 @@ class AuditRecorder:
 
     def _expect(self, item) -> dict:
         plan = item.plan
+        if self.stream is not None:
+            return self._stream_expect(item)
         if self.kind == "epoch":
             unique = plan.total_samples - plan.dropped
             return {"delivered": [unique], "unique": [unique], "padded": plan.padded}
@@ -118,9 +143,27 @@ class AuditRecorder:
             uniq.append(popcount(bits))
         return {"delivered": list(plan.counts), "unique": uniq, "padded": self.feed.padded(item.epoch)}
 
+    def _stream_expect(self, item) -> dict:
+        """The consumed prefix after ``item``: from the feed's state it carries."""
+        st = item.state
+        wm = int(st["watermark"]["samples"])
+        tail = getattr(item.plan, "tail", 0)
+        padded = max(0, self.feed.world_size - tail) if tail else 0
+        if self.kind == "follow":
+            return {"delivered": [wm], "unique": [wm], "padded": padded}
+        at = [wm if i == self.stream else int(p) for i, p in enumerate(st["fixed_at"])]
+        uniq = [wm if i == self.stream else min(p, n) for i, (p, n) in enumerate(zip(at, self.sizes))]
+        return {"delivered": at, "unique": uniq, "padded": padded}
+
     def record(self, item) -> None:
         rec = self._epoch(item)
         ids = np.asarray(item.ids(), np.int64)
+        if self.stream is not None and item.step >= rec["last_step"]:
+            rec["expect"] = self._stream_expect(item)
+            need = (rec["expect"]["unique"][self.stream] + 7) // 8
+            bits = rec["bits"][self.stream]
+            if bits.size < need:  # the stream grew: grow its bitmap (geometrically, trimmed in state())
+                rec["bits"][self.stream] = np.concatenate([bits, _bits(8 * max(need - bits.size, bits.size))])
         rec["last_step"] = max(rec["last_step"], item.step)
         if self._split is None:
             parts = [(0, ids)]
@@ -140,8 +183,18 @@ class AuditRecorder:
             self.epochs[epoch]["complete"] = True
 
     def state(self) -> dict:
+        sizes = list(self.sizes)
+        if self.stream is not None:
+            # the stream's size is what was consumed: the watermark of the last recorded step
+            wm = max((r["expect"]["unique"][self.stream] for r in self.epochs.values()), default=0)
+            sizes[self.stream] = wm
+            for r in self.epochs.values():
+                b = r["bits"][self.stream]
+                r["bits"][self.stream] = b[:(wm + 7) // 8] if b.size >= (wm + 7) // 8 else np.concatenate(
+                    [b, _bits(8 * ((wm + 7) // 8 - b.size))])
         return {"version": VERSION, "kind": self.kind, "rank": self.feed.rank, "world_size": self.feed.world_size,
-                "sources": [{"name": n, "samples": s} for n, s in zip(self.names, self.sizes)],
+                "stream": self.stream,
+                "sources": [{"name": n, "samples": s} for n, s in zip(self.names, sizes)],
                 "epochs": {str(e): {"expect": r["expect"], "complete": r["complete"], "last_step": r["last_step"],
                                     "sources": [{"delivered": d, "extra": x, "examples": ex, "bits": encode(b)}
                                                 for d, x, ex, b in zip(r["delivered"], r["extra"], r["examples"],

@@ -7,9 +7,9 @@ import json
 
 import numpy as np
 import pytest
+
 from conftest import labelled_sample
 from loader_helpers import keys_of, step_together
-
 from shardfeed.formats import ShardWriter
 from shardfeed.loader import Loader, Mixture, ShardDataset
 from shardfeed.loader import audit as A
@@ -139,3 +139,88 @@ def test_unusable_record_exits_2_naming_the_file(tmp_path, capsys):
 def test_audit_needs_audit_true(make_dataset):
     with Loader(ShardDataset(make_dataset(16, shard_samples=8)), 4) as L, pytest.raises(RuntimeError, match="audit=True"):
         L.audit_state()
+
+
+def _stream(root, start, n, end):
+    w = ShardWriter(root, append=True, max_shard_samples=6, prefix=f"p{start}")
+    for i in range(start, start + n):
+        w.write({"__key__": f"new-{i:05d}", "cls": i})
+    w.end_stream() if end else w.close()
+
+
+def _clear(state, source, i, n):
+    rec = state["epochs"]["0"]["sources"][source]
+    bits = A.decode(rec["bits"], n, "test")
+    was = bool(bits[i >> 3] & np.uint8(128 >> (i & 7)))
+    bits[i >> 3] &= ~np.uint8(128 >> (i & 7))
+    rec["bits"], rec["delivered"] = A.encode(bits), rec["delivered"] - was
+    return was
+
+
+def test_followed_stream_audit_judges_the_published_prefix(tmp_path, capsys):
+    """41 stream samples over 2 ranks x 4: 5 full global batches and a tail of 1 (padding 1)."""
+    root = str(tmp_path / "s")
+    _stream(root, 0, 41, end=True)
+    loaders = [Loader(ShardDataset(root, follow=True, rank=r, world_size=2, poll_s=0.02), 4, audit=True)
+               for r in range(2)]
+    step_together(loaders)
+    states = [L.audit_state() for L in loaders]
+    assert states[0]["sources"][0]["samples"] == 41
+    paths = [A.save(st, tmp_path / f"f{r}.json") for r, st in enumerate(states)]
+    assert cli(["audit", *paths]) == 0
+    out = capsys.readouterr().out
+    row = [line for line in out.splitlines() if line.strip().startswith("0 ")][0].split()
+    assert row[2:7] == ["42", "41", "0", "1", "1"] and "stream ended" in out
+    owner = 0 if _clear(states[0], 0, 17, 41) else 1  # drop sample 17 from whichever rank delivered it
+    if owner:
+        _clear(states[1], 0, 17, 41)
+    paths = [A.save(st, tmp_path / f"g{r}.json") for r, st in enumerate(states)]
+    assert cli(["audit", *paths]) == 1
+    out = capsys.readouterr().out
+    assert "1 samples missed" in out and "[17]" in out
+
+
+def test_stream_mixture_audit_across_a_resume_and_a_repeat(tmp_path, capsys):
+    """A Mixture of a growing stream and a fixed source, audited for a prefix, resumed while the
+    stream grows, audited to its end; a stream sample delivered by both runs is a repeat."""
+    fixed = str(tmp_path / "fixed")
+    with ShardWriter(fixed, max_shard_samples=7) as w:
+        for i in range(20):
+            w.write({"__key__": f"fx-{i:04d}", "cls": i})
+    root = str(tmp_path / "s")
+    _stream(root, 0, 24, end=False)
+
+    def make():
+        follow = ShardDataset(root, follow=True, poll_s=0.02, idle_timeout_s=60)
+        return Loader(Mixture([follow, fixed], weights=[1, 1], seed=2), 6, audit=True)
+
+    with make() as a:
+        it = iter(a)
+        for _ in range(4):
+            next(it)
+        state, rec_a = a.state_dict(), a.audit_state()
+    path_a = A.save(rec_a, tmp_path / "a.json")
+    assert rec_a["sources"][0]["samples"] == 12 and rec_a["epochs"]["0"]["expect"]["delivered"] == [12, 12]
+    assert cli(["audit", path_a]) == 0 and "stream prefix" in capsys.readouterr().out
+    _stream(root, 24, 20, end=True)
+    with make() as b:
+        b.load_state_dict(state)
+        keys_of(b)
+        rec_b = b.audit_state()
+    path_b = A.save(rec_b, tmp_path / "b.json")
+    assert cli(["audit", path_a, path_b]) == 0
+    out = capsys.readouterr().out
+    assert "stream ended" in out
+    rows = [line.split() for line in out.splitlines() if line.strip()[:1].isdigit()]
+    assert rows[0][2:6] == ["44", "44", "0", "0"]  # the stream: every published sample once
+    assert rows[1][2:6] == ["42", "20", "0", "0"]  # the fixed source: 14 batches x 3, repeats by plan
+    src = rec_b["epochs"]["0"]["sources"][0]
+    bits = A.decode(src["bits"], 44, "test")
+    bits[12 >> 3] |= np.uint8(128 >> (12 & 7))  # pretend run a also delivered sample 12
+    a_src = rec_a["epochs"]["0"]["sources"][0]
+    abits = np.concatenate([A.decode(a_src["bits"], 12, "test"), np.zeros(4, np.uint8)])[:2]
+    abits[12 >> 3] |= np.uint8(128 >> (12 & 7))
+    rec_a["sources"][0]["samples"] = 13
+    a_src["bits"], a_src["delivered"] = A.encode(abits), a_src["delivered"] + 1
+    assert cli(["audit", A.save(rec_a, tmp_path / "a2.json"), path_b]) == 1
+    assert "repeated deliveries" in capsys.readouterr().out

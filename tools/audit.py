@@ -8,6 +8,11 @@ samples no rank delivered) and repeated (deliveries beyond what the plan
 repeats), against the padding the epoch allows. An epoch no record marks as
 finished is reported as partial and not judged for missed samples.
 
+A followed stream (alone or in a Mixture) is one epoch, 0, judged for the
+published prefix the records consumed (their watermark): every stream
+sample below it delivered exactly once, the tail's padding allowed. Records
+of a run and of its resumed run differ in the stream's size; they merge.
+
 Exit status: 0 when every guarantee holds, 1 when one is broken (a sample
 missed in a finished epoch, or repeats beyond the padding), 2 for unusable
 input.
@@ -31,24 +36,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def merge(states: list[dict], names: list[str]) -> list[dict]:
     """Rows per (epoch, source): delivered, unique, missed, repeated, expected, padded, complete, examples."""
     first = states[0]["sources"]
+    stream = states[0].get("stream")
     for st, name in zip(states, names):
-        if st["sources"] != first:
+        same = [(s["name"], None if i == stream else s["samples"]) for i, s in enumerate(st["sources"])]
+        if st.get("stream") != stream or same != [(s["name"], None if i == stream else s["samples"])
+                                                  for i, s in enumerate(first)]:
             raise ValueError(f"{name}: its sources {st['sources']} differ from {names[0]}'s {first}; "
                              "audit records of one job together")
-    sizes = [s["samples"] for s in first]
+    # a stream's size is each record's consumed prefix: judge the longest
+    sizes = [max(st["sources"][i]["samples"] for st in states) for i in range(len(first))]
     epochs = sorted({int(e) for st in states for e in st["epochs"]})
     rows = []
     for e in epochs:
-        recs = [(st["epochs"][str(e)], nm) for st, nm in zip(states, names) if str(e) in st["epochs"]]
+        recs = [(st["epochs"][str(e)], nm, st["sources"]) for st, nm in zip(states, names) if str(e) in st["epochs"]]
         ref = max(recs, key=lambda r: r[0]["last_step"])[0]["expect"]
-        complete = any(r["complete"] for r, _ in recs)
+        complete = any(r["complete"] for r, _, _ in recs)
+        judged = complete or stream is not None  # a stream's expectation is its consumed prefix
         for i, n in enumerate(sizes):
             union = np.zeros((n + 7) // 8, np.uint8)
             delivered = extra = 0
             examples: list[int] = []
-            for r, nm in recs:
+            for r, nm, srcs in recs:
                 s = r["sources"][i]
-                bits = _audit.decode(s["bits"], n, f"{nm}: epoch {e} source {i}")
+                own = srcs[i]["samples"]
+                bits = _audit.decode(s["bits"], own, f"{nm}: epoch {e} source {i}")
+                if own < n:
+                    bits = np.concatenate([bits, np.zeros((n + 7) // 8 - bits.size, np.uint8)])
                 overlap = bits & union
                 cross = _audit.popcount(overlap)
                 if cross and len(examples) < 20:
@@ -58,13 +71,13 @@ def merge(states: list[dict], names: list[str]) -> list[dict]:
                 delivered += s["delivered"]
                 union |= bits
             unique = _audit.popcount(union)
-            missing = np.flatnonzero(np.unpackbits(union)[:n] == 0) if complete and unique < ref["unique"][i] \
+            missing = np.flatnonzero(np.unpackbits(union)[:n] == 0) if judged and unique < ref["unique"][i] \
                 else np.empty(0, np.int64)
             rows.append({"epoch": e, "source": i, "delivered": delivered, "unique": unique,
                          "expected_unique": ref["unique"][i],
-                         "missed": max(0, ref["unique"][i] - unique) if complete else 0,
+                         "missed": max(0, ref["unique"][i] - unique) if judged else 0,
                          "repeated": extra - (ref["delivered"][i] - ref["unique"][i]),
-                         "padded": ref["padded"], "complete": complete,
+                         "padded": ref["padded"], "complete": complete, "stream": stream is not None,
                          "missed_ids": missing[:20].tolist(), "repeated_ids": sorted(set(examples))[:20]})
     return rows
 
@@ -95,7 +108,10 @@ def main(args: argparse.Namespace) -> int:
     print(f"{'epoch':>5} {'source':<30} {'delivered':>10} {'unique':>10} {'missed':>7} {'repeated':>8} "
           f"{'padded':>6}  state")
     for r in rows:
-        state = "finished" if r["complete"] else "partial"
+        if r["stream"]:
+            state = "stream ended" if r["complete"] else "stream prefix"
+        else:
+            state = "finished" if r["complete"] else "partial"
         print(f"{r['epoch']:>5} {names[r['source']][-30:]:<30} {r['delivered']:>10} {r['unique']:>10} "
               f"{r['missed']:>7} {r['repeated']:>8} {r['padded']:>6}  {state}")
         if r["missed"] and k:
