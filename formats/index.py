@@ -149,7 +149,9 @@ def _local_root(source: str) -> str:
     if source.startswith("file://"):
         return source[len("file://"):]
     if "://" in source:
-        raise ShardError(source, "remote datasets need shardfeed.cache (scheme not readable by formats)")
+        raise ShardError(source, "a URL is read through the node-local cache, not opened here: use "
+                                 "ShardDataset(url, cache_dir=...) or shardfeed.cache.open_remote_index(url, "
+                                 "cache_dir), or `shardfeed inspect/verify URL --cache-dir DIR`")
     return source
 
 
