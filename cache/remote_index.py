@@ -14,6 +14,12 @@ metadata and are not counted in the cache's byte budget.
 fetch for row ``i`` (URL, hash, size), ``hold(i)`` pins the shard locally with
 its sidecar beside it (``<path>.idx``), so ``open_shard(index, i, path)``
 reads it as it reads a local shard.
+
+``open_remote_index(url, cache_dir)`` is the same pairing as a
+``DatasetIndex`` (what ``shardfeed inspect`` and ``verify`` take): its
+``path(i)`` is the verified local copy of shard ``i``, fetched on first use.
+``shardfeed.formats.open_index`` refuses URLs and names this function,
+since formats cannot stand on the cache.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import uuid
 import xxhash
 
 from shardfeed.formats import ShardError, open_index
-from shardfeed.formats.index import INDEX_NAME, LOG_DIR
+from shardfeed.formats.index import INDEX_NAME, LOG_DIR, DatasetIndex
 
 from shardfeed.cache.fetch import with_retries
 from shardfeed.cache.sources import open_source, scheme_of
@@ -132,3 +138,50 @@ class RemoteDataset:
     def get(self, i: int) -> str:
         with self.hold(i) as path:
             return path
+
+
+class RemoteIndex(DatasetIndex):
+    """A URL dataset's index whose ``path(i)`` is the cached, verified copy of
+    shard ``i`` (with its sidecar), fetched on first use. ``root`` is the URL,
+    so messages name the source; ``url_of(i)``, ``hold(i)`` and ``discard(i)``
+    reach the cache. A path it hands out is not pinned: a small cache may
+    evict it once the caller has opened it (the open file stays readable)."""
+
+    def __init__(self, remote: RemoteDataset):
+        ix = remote.index
+        super().__init__(remote.url, ix.names, ix.formats, ix.counts, ix.sizes, ix.hashes, ix.fields, ix.meta)
+        self.remote = remote
+        self.cache = remote.cache
+
+    def path(self, i: int) -> str:
+        return self.remote.get(i)
+
+    def url_of(self, i: int) -> str:
+        return self.remote.url_of(i)
+
+    def hold(self, i: int):
+        return self.remote.hold(i)
+
+    def is_cached(self, i: int) -> bool:
+        return self.cache.contains(self.url_of(i), self.hashes[i])
+
+    def discard(self, i: int) -> bool:
+        """Drop the cached copy of shard ``i`` (found damaged), so the next use fetches it again."""
+        return self.cache.discard(self.url_of(i), self.hashes[i])
+
+
+def open_remote_index(url: str, cache_dir: str | None = None, limit_bytes: int | None = None,
+                      storage_options: dict | None = None) -> RemoteIndex:
+    """The index of the dataset at ``url`` (http(s)://, s3://, gs://, ...),
+    mirrored into the node-local cache at ``cache_dir`` (default: as
+    ShardDataset, ``$SHARDFEED_CACHE_DIR`` else ``<tmp>/shardfeed-cache-<uid>``)
+    holding at most ``limit_bytes`` of shards (default: 80% of its disk)."""
+    from shardfeed.cache.reads import default_cache_dir, default_limit
+
+    url = str(url).rstrip("/")
+    if scheme_of(url) in ("", "file"):
+        raise ValueError(f"{url} is local: open it with shardfeed.formats.open_index")
+    cache_dir = os.path.abspath(os.fspath(cache_dir)) if cache_dir is not None else default_cache_dir()
+    if limit_bytes is None:
+        limit_bytes = default_limit(cache_dir)
+    return RemoteIndex(RemoteDataset(url, ShardCache(cache_dir, int(limit_bytes), storage_options)))

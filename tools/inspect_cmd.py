@@ -5,6 +5,8 @@ file or a folder of them, scanned once since they have no index), and on a
 glob or brace pattern of shards. A foreign tar that cannot be scanned is
 listed as unreadable and the rest is shown (`shardfeed verify` checks it).
 Byte fields are shown as their length and first bytes; pickle is never decoded.
+DST may be a URL (http(s)://, s3://, ...): its index is mirrored into the
+node-local cache (--cache-dir) and only the shards it samples are fetched.
 Exit codes: 0 shown; 2 the dataset could not be opened or read (or no shard of
 it could).
 """
@@ -20,6 +22,7 @@ from collections import Counter
 import numpy as np
 
 from shardfeed.tools.byte_sizes import human_bytes
+from shardfeed.tools.verify import add_cache_arguments, open_dataset
 
 PREVIEW_CHARS = 60
 PREVIEW_BYTES = 12
@@ -40,6 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--class-shards", type=int, default=64, metavar="K",
                    help="class statistics (a 'cls' field) over K shards spread over the dataset, up to "
                         f"{CLASS_SAMPLES_PER_SHARD:,} labels each (64; 0 for none)")
+    add_cache_arguments(p)
 
 
 def preview(ext: str, value) -> str:
@@ -117,7 +121,7 @@ def describe(index, samples: int = 3, list_shards: bool = False, class_shards: i
     from shardfeed.formats import open_shard
 
     info = {
-        "root": os.path.abspath(index.root),
+        "root": index.root if "://" in index.root else os.path.abspath(index.root),
         "indexed": not index.meta.get("scanned", False),
         "shards": len(index),
         "samples": index.num_samples,
@@ -194,13 +198,13 @@ def render(info: dict) -> str:
 
 
 def main(args) -> int:
-    from shardfeed.formats import ShardError, open_index
+    from shardfeed.formats import ShardError
 
     if args.samples < 0:
         print(f"shardfeed inspect: error: --samples {args.samples} must be 0 or more", file=sys.stderr)
         return 2
     try:
-        index = open_index(args.dst, on_error="skip")
+        index = open_dataset(args.dst, args, "shardfeed inspect")
         if len(index) == 0 and index.skipped:
             path, reason = index.skipped[0]
             raise ShardError(path, reason + (f" (and {len(index.skipped) - 1} more unreadable shards)"

@@ -8,6 +8,13 @@ or brace pattern of shards (quote it); a foreign tar that cannot even be
 scanned is a bad shard, named like the others, not the end of the check.
 Exit codes: 0 all good; 1 one or more bad shards; 2 the dataset (its index)
 cannot be opened at all.
+
+DST may be a URL (http(s)://, s3://, gs://; credentials and endpoints from
+the usual environment, e.g. AWS_ENDPOINT_URL): its index is mirrored into the
+node-local cache at --cache-dir and each shard is fetched through it (checked
+against the index hash on arrival), then checked as above from the cached
+copy. A copy that was already cached and fails is dropped and fetched once
+more, so local damage is told apart from damage at the source.
 """
 
 from __future__ import annotations
@@ -32,6 +39,42 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                               "or brace pattern of shards (quote it)")
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="check N shards at a time (threads; 1)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    add_cache_arguments(p)
+
+
+def add_cache_arguments(p: argparse.ArgumentParser) -> None:
+    from shardfeed.tools.byte_sizes import parse_size
+
+    p.add_argument("--cache-dir", default=None, metavar="DIR",
+                   help="node-local cache for a URL DST ($SHARDFEED_CACHE_DIR, else <tmp>/shardfeed-cache-<uid>)")
+    p.add_argument("--cache-limit", type=parse_size, default=None, metavar="BYTES",
+                   help="bytes of shards the cache may hold, e.g. 2GB (80%% of its disk)")
+
+
+def is_url(dst: str) -> bool:
+    from shardfeed.cache.sources import scheme_of
+
+    return scheme_of(str(dst)) not in ("", "file")
+
+
+def open_dataset(dst: str, args, prog: str):
+    """The index of DST: a local one from open_index, a URL's through the cache
+    (open_remote_index, saying on stderr which cache folder it uses)."""
+    from shardfeed.formats import open_index
+
+    if not is_url(dst):
+        return open_index(dst, on_error="skip")
+    from shardfeed.cache import open_remote_index
+
+    index = open_remote_index(dst, args.cache_dir, args.cache_limit)
+    if args.cache_dir is None:
+        print(f"{prog}: note: caching {dst} in {index.cache.cache_dir} (choose with --cache-dir)", file=sys.stderr)
+    return index
+
+
+def shard_name(index, i: int) -> str:
+    """What a message calls shard ``i``: its URL for a remote dataset, else its path."""
+    return index.url_of(i) if hasattr(index, "url_of") else index.path(i)
 
 
 def _sidecar_matches_scan(index, i: int) -> str | None:
@@ -101,6 +144,25 @@ def check_shard(index, i: int) -> str | None:
     return None
 
 
+def check_remote_shard(index, i: int) -> str | None:
+    """check_shard on the cached copy of a URL dataset's shard i. Fetching
+    checks the index hash, so a failure of a copy cached before this run may
+    be damage on the local disk: that copy is dropped and fetched again."""
+    from shardfeed.formats import ShardError
+
+    for attempt in range(2):
+        was_cached = index.is_cached(i)
+        try:
+            with index.hold(i):  # pinned: check_shard's index.path(i) finds this copy
+                reason = check_shard(index, i)
+        except ShardError as e:
+            return e.reason  # not found, retries ran out, or damaged at the source
+        if reason is None or not was_cached or attempt:
+            return reason
+        index.discard(i)
+    return reason
+
+
 def unlisted_files(index) -> list[str]:
     """Shard-like files in the dataset folder that the index does not name."""
     from shardfeed.formats.index import INDEX_NAME
@@ -112,13 +174,11 @@ def unlisted_files(index) -> list[str]:
                   if n.endswith(_SHARD_SUFFIXES) and n not in listed and n != INDEX_NAME and not n.startswith("."))
 
 
-def _open(dst: str):
+def _open(dst: str, args):
     """(index, shard numbers to check). A shard file inside an indexed dataset
     is checked against that dataset's index (open_index takes its row); foreign
     tars that cannot be scanned land in ``index.skipped``, to be reported."""
-    from shardfeed.formats import open_index
-
-    index = open_index(dst, on_error="skip")
+    index = open_dataset(dst, args, "shardfeed verify")
     return index, list(range(len(index)))
 
 
@@ -132,7 +192,7 @@ def main(args) -> int:
         return 2
     t0 = time.perf_counter()
     try:
-        index, shards = _open(args.dst)
+        index, shards = _open(args.dst, args)
     except ShardError as e:
         print(f"shardfeed verify: error: {e}", file=sys.stderr)
         return 2
@@ -144,11 +204,12 @@ def main(args) -> int:
     with tqdm(total=total, unit="B", unit_scale=True, desc="verify", file=sys.stderr,
               disable=args.quiet or None) as bar, ThreadPoolExecutor(args.jobs) as pool:
         # map keeps shard order, so the BAD lines come out in index order for any --jobs
-        for i, reason in zip(shards, pool.map(lambda i: check_shard(index, i), shards)):
+        check = check_remote_shard if is_url(args.dst) else check_shard
+        for i, reason in zip(shards, pool.map(lambda i: check(index, i), shards)):
             bar.update(int(index.sizes[i]))
             if reason is not None:
                 bad.append(i)
-                bar.write(f"BAD {index.path(i)}: {reason}", file=sys.stdout)
+                bar.write(f"BAD {shard_name(index, i)}: {reason}", file=sys.stdout)
     for name in unlisted_files(index) if os.path.isdir(args.dst) else ():
         print(f"note: {os.path.join(index.root, name)} is not in the index (ignored by readers)")
     if index.meta.get("scanned"):
@@ -160,4 +221,7 @@ def main(args) -> int:
     samples = int(index.counts[shards].sum()) if shards else 0
     print(f"verified {plural(len(shards) + len(index.skipped), 'shard')}, {plural(samples, 'sample')}, {human_bytes(total)} "
           f"in {secs:.2f} s ({mb_s:.1f} MB/s): {verdict}")
+    if is_url(args.dst):
+        fetched = index.cache.stats()["bytes_fetched"]
+        print(f"fetched {human_bytes(fetched)} into the cache at {index.cache.cache_dir}")
     return 1 if n_bad else 0
