@@ -23,7 +23,8 @@ import torch.distributed as dist
 
 from shardfeed.tools.text import plural
 from shardfeed.tools.train.loop import run_rank
-from shardfeed.tools.train.options import add_arguments as _add, check_data, check_options, is_url
+from shardfeed.tools.train.options import add_arguments as _add
+from shardfeed.tools.train.options import check_data, check_options, is_url
 
 
 def add_arguments(p) -> None:

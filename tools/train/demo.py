@@ -33,7 +33,6 @@ from shardfeed.loader import Loader, ShardDataset
 from shardfeed.tools.text import plural, show_progress
 from shardfeed.tools.train.synth import image_samples
 
-
 # The fine-tune's LR: the one the first run's cosine ended at (0.1 x 0.02 floor), at the same global batch.
 # Measured: at 10x that (--lr 0.02) the followed stream of 1,550 samples took held-out accuracy from 86% to
 # 49%, the level the first run had at such LRs mid-training; at this LR it stays at 86%. A stream's length is
@@ -147,6 +146,18 @@ def _ingest(root: str, args) -> subprocess.Popen:
                              str(args.image_size), str(args.shard_samples)])
 
 
+def _audit(ck: str) -> str:
+    """`shardfeed audit` over the records --audit left beside the checkpoint: its verdict line."""
+    from shardfeed.tools.train.audit_records import folder_of
+
+    folder = folder_of(ck)
+    records = sorted(os.path.join(folder, f) for f in os.listdir(folder))
+    print(f"\n== shardfeed audit {folder}/*.json ({plural(len(records), 'record')}: the killed run's, to its "
+          "last checkpoint, and the resumed run's)", flush=True)
+    rc, out = _run([sys.executable, "-m", "shardfeed.tools.cli", "audit", *records], "audit")
+    return out.splitlines()[-1] if out else f"shardfeed audit exited with {rc}"
+
+
 def main(args) -> int:
     t_start = time.perf_counter()
     root, labels = build_dataset(args)
@@ -166,7 +177,7 @@ def main(args) -> int:
         print(f"serving {args.out} at {base}; training reads {url} through a {limit / 1e6:.1f} MB cache "
               f"({args.cache_fraction:.0%} of the {data_bytes / 1e6:.1f} MB dataset)", flush=True)
         common = ["--eval-data", eval_root, "--epochs", str(args.epochs), "--checkpoint", ck,
-                  "--checkpoint-every", "10", "--plot", plot]
+                  "--checkpoint-every", "10", "--plot", plot, "--audit"]
         steps_per_epoch = -(-args.samples // (args.batch_size * args.ranks))
 
         def mid_epoch() -> bool:  # a checkpoint inside epoch 1 is on disk
@@ -185,6 +196,7 @@ def main(args) -> int:
         if rc:
             return 1
         acc = _accuracy(out)
+        verdict = _audit(ck)
 
     stream = os.path.join(args.out, "stream")
     with ShardWriter(stream, append=True, max_shard_samples=args.shard_samples, prefix="seed") as w:
@@ -213,6 +225,7 @@ def main(args) -> int:
     print(f"\nheld-out accuracy: {acc:.1f}% with global shuffle (chance {chance:.1f}%)"
           + (f", {follow_acc:.1f}% after following the stream" if follow_acc is not None else "")
           + (f"; {base_acc:.1f}% with --shuffle none on the class-ordered data" if base_acc is not None else ""))
+    print(f"coverage audit of the killed and resumed run (shardfeed audit, every rank's record): {verdict}")
     print(f"plot of loss, samples/s and data stall over steps: {plot}")
     print(f"demo finished in {time.perf_counter() - t_start:.0f}s")
     return 0
