@@ -50,7 +50,9 @@ class RemoteLog:
                                        "two writers could overwrite one commit; for a local folder use "
                                        "ShardWriter(append=True), for a bucket s3:// "
                                        f"(supported: {', '.join(CONDITIONAL_PUT)})")
-        self.fs, self.path = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
+        # every listing must be fresh: a cached one hides commits and the end
+        opts = dict(storage_options or {}, use_listings_cache=False)
+        self.fs, self.path = fsspec.core.url_to_fs(self.url, **opts)
         self.log = f"{self.path}/{LOG_DIR}"
 
     def _entry(self, seq: int) -> str:
@@ -66,8 +68,8 @@ class RemoteLog:
     def read_entry(self, seq: int) -> dict:
         where = f"{self.url}/{LOG_DIR}/{seq:012d}.json"
         try:
-            with self.fs.open(self._entry(seq), "rb") as f:
-                rec = json.loads(f.read(_MAX_ENTRY))
+            # a plain GET: open() would consult a listing cached a moment ago and miss a newer entry
+            rec = json.loads(self.fs.cat_file(self._entry(seq), start=0, end=_MAX_ENTRY))
         except (ValueError, UnicodeDecodeError) as e:
             raise ShardError(where, f"commit log entry is malformed: {e}") from e
         if not isinstance(rec, dict):

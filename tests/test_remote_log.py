@@ -56,19 +56,24 @@ def test_three_concurrent_writers_lose_no_commit(s3):
     the one its writer committed."""
     url, per = "s3://live/three", 12
     results: dict[int, list] = {}
+    errors: list = []
     barrier = threading.Barrier(3)
 
     def writer(w: int):
         # a writer per host: its own filesystem instance, not fsspec's shared one
         log = RemoteLog(url, dict(s3_options(s3), skip_instance_cache=True))
         barrier.wait()
-        results[w] = [(log.publish(_info(f"w{w}-{i:03d}.tar")), f"w{w}-{i:03d}.tar") for i in range(per)]
+        try:
+            results[w] = [(log.publish(_info(f"w{w}-{i:03d}.tar")), f"w{w}-{i:03d}.tar") for i in range(per)]
+        except Exception as e:  # noqa: BLE001 - shown by the assert below
+            errors.append(e)
 
     threads = [threading.Thread(target=writer, args=(w,), name=f"writer-{w}") for w in range(3)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(120)
+    assert not errors, errors
     committed = sorted(x for r in results.values() for x in r)
     assert [s for s, _ in committed] == list(range(1, 3 * per + 1))
     view = RemoteLog(url, s3_options(s3)).read_commits()
