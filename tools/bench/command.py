@@ -6,6 +6,7 @@
     shardfeed bench convert   conversion throughput and write-time shuffle (bench_convert)
     shardfeed bench cache     node cache vs a throttled remote (bench_cache)
     shardfeed bench mix       mixing overhead and audit memory (bench_mix)
+    shardfeed bench stream    publish-to-delivery latency, ingest + follow throughput (bench_stream)
     shardfeed bench compare   beside the peers: whole pass, steady, first batch (bench_compare)
     shardfeed bench all       each of the above in turn
 
@@ -29,6 +30,7 @@ BENCHES = {
     "cache": ("shardfeed.tools.bench.cache", "node-local cache against a throttled remote: bytes fetched, stalls"),
     "mix": ("shardfeed.tools.bench.mix", "mixing overhead of a 3-source Mixture and the audit's memory"),
     "convert": ("shardfeed.tools.bench.convert", "conversion throughput, write-shuffle memory and quality"),
+    "stream": ("shardfeed.tools.bench.stream", "streaming: publish-to-delivery latency, ingest + follow throughput"),
     "compare": ("shardfeed.tools.bench.compare", "shardfeed beside its peers: whole pass, steady rate, first batch"),
 }
 
