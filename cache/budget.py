@@ -16,10 +16,9 @@ import os
 import time
 import uuid
 
-from shardfeed.formats import ShardError
-
 from shardfeed.cache.locks import FileLock
 from shardfeed.cache.lookahead import victim_order
+from shardfeed.formats import ShardError
 
 SIDECAR = ".idx"
 NO_SIDECAR = ".noidx"  # marker: the source has no sidecar for this shard (a foreign tar)

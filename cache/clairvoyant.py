@@ -75,7 +75,7 @@ class PlanPrefetcher:
     def _fill(self, upcoming) -> None:
         """Start fetches for the window's shards."""
         total, wanted, todo = 0, set(), []
-        for ref, s, sidecar in upcoming:
+        for ref, _step, sidecar in upcoming:
             total += ref.size or 0
             if total > self.window_bytes and wanted:
                 break

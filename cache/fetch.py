@@ -18,9 +18,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from shardfeed.formats import ShardError
-
 from shardfeed.cache.sources import Source
+from shardfeed.formats import ShardError
 
 
 @dataclass(frozen=True)

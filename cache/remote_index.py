@@ -31,12 +31,11 @@ import uuid
 
 import xxhash
 
-from shardfeed.formats import ShardError, open_index
-from shardfeed.formats.index import INDEX_NAME, LOG_DIR, DatasetIndex
-
 from shardfeed.cache.fetch import with_retries
 from shardfeed.cache.sources import open_source, scheme_of
 from shardfeed.cache.store import ShardCache, ShardRef
+from shardfeed.formats import ShardError, open_index
+from shardfeed.formats.index import INDEX_NAME, LOG_DIR, DatasetIndex
 
 _SEQ_RE = re.compile(r"^\d{12}\.json$")
 _MAX_META_BYTES = 1 << 30  # an index of 100,000 shards is a few MB; refuse absurd claims before allocating

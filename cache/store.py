@@ -38,14 +38,13 @@ from dataclasses import dataclass
 
 import xxhash
 
-from shardfeed.formats import ShardError
-from shardfeed.formats.readers import hash_file
-
 from shardfeed.cache.budget import NO_SIDECAR, SIDECAR, Budget, CacheLimitError, unlink_quiet
 from shardfeed.cache.fetch import FetchOptions, fetch_to_fd, with_retries
 from shardfeed.cache.locks import FileLock, acquire_timed
 from shardfeed.cache.lookahead import SharedLookahead
 from shardfeed.cache.sources import open_source
+from shardfeed.formats import ShardError
+from shardfeed.formats.readers import hash_file
 
 __all__ = ["CacheLimitError", "ShardCache", "ShardRef"]
 

@@ -7,9 +7,9 @@ import collections
 
 import numpy as np
 import pytest
+
 from conftest import labelled_sample
 from loader_helpers import check_save_restore, keys_of, step_together
-
 from shardfeed.formats import ShardWriter
 from shardfeed.loader import Loader, Mixture, ShardDataset
 from shardfeed.loader.mixture import apportion
