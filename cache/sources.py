@@ -94,6 +94,8 @@ class FsspecSource(Source):
     def list(self) -> list[str]:
         proto = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
         out = []
+        # a listing fsspec cached would hide commits published since: list afresh each time
+        self.fs.invalidate_cache(self.path)
         for p in self.fs.ls(self.path, detail=False):
             if "://" not in p:
                 p = f"{proto}://{p}"
