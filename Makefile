@@ -26,6 +26,7 @@ $(STAMP): pyproject.toml
 	@echo "setup: $(VENV) is ready"
 
 test: $(STAMP)
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -ra
 
 demo: $(STAMP)

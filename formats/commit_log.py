@@ -24,8 +24,16 @@ import numpy as np
 
 from shardfeed.formats.errors import ShardError
 from shardfeed.formats.files import open_regular
-from shardfeed.formats.index import (FORMATS, MAX_COUNT, INDEX_NAME, LOG_DIR, DatasetIndex, ShardInfo, _read_index_file,
-                                     check_shard_name)
+from shardfeed.formats.index import (
+    FORMATS,
+    INDEX_NAME,
+    LOG_DIR,
+    MAX_COUNT,
+    DatasetIndex,
+    ShardInfo,
+    _read_index_file,
+    check_shard_name,
+)
 
 _SEQ_RE = re.compile(r"^(\d{12})\.json$")
 END = "end"

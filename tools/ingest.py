@@ -87,10 +87,10 @@ def _raise_stop(signum, _frame):
 
 def _ingest_source(source, writer, bar, key_prefix: str = "") -> int:
     """Write every sample of ``source``; the writer publishes each full shard."""
+    import numpy as np
+
     from shardfeed.formats import ShardError
     from shardfeed.tools.convert.job import _typed_for_columnar
-
-    import numpy as np
 
     n = len(source)
     for start in range(0, n, BATCH):
