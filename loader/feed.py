@@ -26,10 +26,11 @@ from typing import NamedTuple
 import numpy as np
 
 from shardfeed.loader.schedule import BatchSchedule, Stage
+from shardfeed.loader.state_checks import VERSION as STATE_VERSION
+from shardfeed.loader.state_checks import check_batch_sizes, check_header, check_ints, check_same_data
 from shardfeed.shuffling import EpochPlan
 from shardfeed.shuffling.spec import Job, PlanSpec
 
-STATE_VERSION = 1
 _LOOKAHEAD_POSITIONS = 1 << 22  # positions one lookahead call may scan (bounds its cost)
 _LOOKAHEAD_CHUNK = 1 << 16
 
@@ -209,39 +210,16 @@ class EpochFeed:
                 f"resizes={len(self.history)})")
 
 
-def _int(state, key, lo=0):
-    v = state.get(key)
-    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-        raise ValueError(f"state[{key!r}]={v!r} must be an int >= {lo} (not a shardfeed feed state?)")
-    return v
-
-
 def check_state(state: dict, fingerprint: dict) -> dict:
     """Validate an epoch feed's state against this dataset; ValueError naming the mismatch and the fix."""
-    if not isinstance(state, dict):
-        raise TypeError(f"state must be a dict from get_state()/Loader.state_dict(), got {type(state).__name__}")
-    if state.get("version") != STATE_VERSION or state.get("kind", "epoch") != "epoch":
-        raise ValueError(f"feed state version {state.get('version')!r} / kind {state.get('kind')!r} is not "
-                         f"{STATE_VERSION} / 'epoch'; it was written by another shardfeed release or another feed")
-    for key in ("epoch", "step"):
-        _int(state, key)
-    _int(state, "world_size", 1)
-    sizes = state.get("batch_sizes")
-    if (not isinstance(sizes, list) or len(sizes) != state["world_size"]
-            or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in sizes)):
-        raise ValueError(f"state['batch_sizes']={sizes!r} must list one batch size >= 1 per rank "
-                         f"(world_size={state['world_size']})")
+    check_header(state, "epoch", "resume a dataset from a Loader state of the same kind of dataset")
+    check_ints(state, {"epoch": 0, "step": 0, "world_size": 1})
+    check_batch_sizes(state)
     hist = state.get("history")
     if not isinstance(hist, list) or not all(
             isinstance(h, list) and len(h) == 3 and isinstance(h[0], int) and h[0] >= 1 and isinstance(h[1], list)
             and len(h[1]) == h[0] and isinstance(h[2], list) and len(h[2]) == h[0] for h in hist):
         raise ValueError(f"state['history']={hist!r} must be a list of [world_size, batch_sizes, consumed], "
                          "one batch size and one consumed count per rank of each earlier job")
-    theirs = state.get("dataset")
-    if theirs != fingerprint:
-        diff = {k: (theirs.get(k) if isinstance(theirs, dict) else None, fingerprint[k]) for k in fingerprint
-                if not isinstance(theirs, dict) or theirs.get(k) != fingerprint[k]}
-        raise ValueError(f"state was saved for another dataset or shuffle ("
-                         f"{', '.join(f'{k}: saved {a!r}, now {b!r}' for k, (a, b) in diff.items())}); "
-                         "open the same dataset with the same shuffle, seed and drop_last to resume")
+    check_same_data(state, fingerprint, "open the same dataset with the same shuffle, seed and drop_last to resume")
     return state

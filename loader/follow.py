@@ -52,6 +52,13 @@ from shardfeed.formats.commit_log import LOG_DIR, open_stream_index, read_commit
 from shardfeed.formats.errors import ShardError
 from shardfeed.loader.feed import STATE_VERSION, Upcoming, WorkItem
 from shardfeed.loader.schedule import BatchSchedule, Stage
+from shardfeed.loader.state_checks import (
+    check_batch_sizes,
+    check_header,
+    check_ints,
+    check_same_data,
+    check_stream_position,
+)
 from shardfeed.shuffling.spec import Job
 
 POLL_S = 0.5
@@ -428,28 +435,11 @@ class FollowFeed:
 
 def check_state(state: dict, fingerprint: dict) -> dict:
     """Validate a follow feed's state; ValueError naming the mismatch and the fix."""
-    if not isinstance(state, dict):
-        raise TypeError(f"state must be a dict from get_state()/Loader.state_dict(), got {type(state).__name__}")
-    if state.get("version") != STATE_VERSION or state.get("kind") != FollowFeed.kind:
-        raise ValueError(f"feed state version {state.get('version')!r} / kind {state.get('kind')!r} is not "
-                         f"{STATE_VERSION} / 'follow': it was saved by an epoch feed or another release; "
-                         "resume a follow=True dataset from a follow=True Loader's state")
-    for key, lo in (("step", 0), ("base", 0), ("base_step", 0), ("world_size", 1)):
-        v = state.get(key)
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise ValueError(f"state[{key!r}]={v!r} must be an int >= {lo}")
-    sizes = state.get("batch_sizes")
-    if (not isinstance(sizes, list) or len(sizes) != state["world_size"]
-            or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in sizes)):
-        raise ValueError(f"state['batch_sizes']={sizes!r} must list one batch size >= 1 per rank")
-    wm = state.get("watermark")
-    if not isinstance(wm, dict) or not isinstance(wm.get("samples"), int) or wm["samples"] < 0:
-        raise ValueError(f"state['watermark']={wm!r} must be {{'samples': int >= 0, 'seq': int}}")
-    if not isinstance(state.get("done"), bool):
-        raise ValueError(f"state['done']={state.get('done')!r} must be a bool")
-    if state.get("dataset") != fingerprint:
-        raise ValueError(f"state was saved for another stream or shuffle (saved {state.get('dataset')!r}, now "
-                         f"{fingerprint!r}); follow the same dataset with the same seed, shuffle and drop_last")
+    check_header(state, FollowFeed.kind, "resume a follow=True dataset from a follow=True Loader's state")
+    check_ints(state, {"step": 0, "base": 0, "base_step": 0, "world_size": 1})
+    check_batch_sizes(state)
+    check_stream_position(state)
+    check_same_data(state, fingerprint, "follow the same dataset with the same seed, shuffle and drop_last")
     return state
 
 

@@ -42,6 +42,12 @@ import numpy as np
 from shardfeed.loader.feed import STATE_VERSION, Upcoming, WorkItem
 from shardfeed.loader.follow import StreamPlan
 from shardfeed.loader.schedule import BatchSchedule, Stage
+from shardfeed.loader.state_checks import (
+    check_batch_sizes,
+    check_header,
+    check_ints,
+    check_same_data,
+)
 from shardfeed.shuffling.spec import Job
 
 MAX_EPOCH_SAMPLES = 1 << 32  # keeps the exact rank arithmetic inside int64
@@ -322,23 +328,10 @@ def apportion_like(mixture, epoch: int, total: int) -> list[int]:
 
 def check_state(state: dict, fingerprint: dict) -> dict:
     """Validate a mixture feed's state; ValueError naming the mismatch and the fix."""
-    if not isinstance(state, dict):
-        raise TypeError(f"state must be a dict from get_state()/Loader.state_dict(), got {type(state).__name__}")
-    if state.get("version") != STATE_VERSION or state.get("kind") != MixtureFeed.kind:
-        raise ValueError(f"feed state version {state.get('version')!r} / kind {state.get('kind')!r} is not "
-                         f"{STATE_VERSION} / 'mixture': it was saved by another feed or release; resume a "
-                         "Mixture from a Mixture Loader's state")
-    for key, lo in (("epoch", 0), ("step", 0), ("base", 0), ("base_step", 0), ("world_size", 1)):
-        v = state.get(key)
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise ValueError(f"state[{key!r}]={v!r} must be an int >= {lo}")
-    sizes = state.get("batch_sizes")
-    if (not isinstance(sizes, list) or len(sizes) != state["world_size"]
-            or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in sizes)):
-        raise ValueError(f"state['batch_sizes']={sizes!r} must list one batch size >= 1 per rank")
+    check_header(state, MixtureFeed.kind, "resume a Mixture from a Mixture Loader's state")
+    check_ints(state, {"epoch": 0, "step": 0, "base": 0, "base_step": 0, "world_size": 1})
+    check_batch_sizes(state)
     if not isinstance(state.get("counts"), list):
         raise ValueError(f"state['counts']={state.get('counts')!r} must list the epoch's count per source")
-    if state.get("dataset") != fingerprint:
-        raise ValueError(f"state was saved for another mixture (saved {state.get('dataset')!r}, now "
-                         f"{fingerprint!r}); open the same sources with the same seed, shuffle and drop_last")
+    check_same_data(state, fingerprint, "open the same sources with the same seed, shuffle and drop_last")
     return state

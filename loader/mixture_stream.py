@@ -41,6 +41,13 @@ from shardfeed.loader.feed import STATE_VERSION, Upcoming, WorkItem
 from shardfeed.loader.follow import _Log, tail_shares
 from shardfeed.loader.mixture_feed import MixturePlan, interleave
 from shardfeed.loader.schedule import BatchSchedule, Stage
+from shardfeed.loader.state_checks import (
+    check_batch_sizes,
+    check_header,
+    check_ints,
+    check_same_data,
+    check_stream_position,
+)
 from shardfeed.shuffling.spec import Job
 
 _LOOKAHEAD_STEPS = 1024
@@ -291,32 +298,16 @@ class MixtureStreamFeed:
 
 def check_state(state: dict, fingerprint: dict, sources: int) -> dict:
     """Validate a stream mixture's state; ValueError naming the mismatch and the fix."""
-    if not isinstance(state, dict):
-        raise TypeError(f"state must be a dict from get_state()/Loader.state_dict(), got {type(state).__name__}")
-    if state.get("version") != STATE_VERSION or state.get("kind") != MixtureStreamFeed.kind:
-        raise ValueError(f"feed state version {state.get('version')!r} / kind {state.get('kind')!r} is not "
-                         f"{STATE_VERSION} / {MixtureStreamFeed.kind!r}: resume a Mixture with a followed source "
-                         "from such a Mixture's Loader state")
-    for key, lo in (("step", 0), ("base", 0), ("base_step", 0), ("world_size", 1)):
-        v = state.get(key)
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise ValueError(f"state[{key!r}]={v!r} must be an int >= {lo}")
+    check_header(state, MixtureStreamFeed.kind,
+                 "resume a Mixture with a followed source from such a Mixture's Loader state")
+    check_ints(state, {"step": 0, "base": 0, "base_step": 0, "world_size": 1})
     for key in ("fixed", "fixed_at", "counts"):
         v = state.get(key)
         if not isinstance(v, list) or len(v) != sources or not all(isinstance(x, int) and x >= 0 for x in v):
             raise ValueError(f"state[{key!r}]={v!r} must list one int >= 0 per source ({sources})")
-    sizes = state.get("batch_sizes")
-    if (not isinstance(sizes, list) or len(sizes) != state["world_size"]
-            or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in sizes)):
-        raise ValueError(f"state['batch_sizes']={sizes!r} must list one batch size >= 1 per rank")
-    wm = state.get("watermark")
-    if not isinstance(wm, dict) or not isinstance(wm.get("samples"), int) or wm["samples"] < 0:
-        raise ValueError(f"state['watermark']={wm!r} must be {{'samples': int >= 0, 'seq': int}}")
-    if not isinstance(state.get("done"), bool):
-        raise ValueError(f"state['done']={state.get('done')!r} must be a bool")
-    if state.get("dataset") != fingerprint:
-        raise ValueError(f"state was saved for another mixture (saved {state.get('dataset')!r}, now "
-                         f"{fingerprint!r}); open the same sources with the same weights, seeds and shuffles")
+    check_batch_sizes(state)
+    check_stream_position(state)
+    check_same_data(state, fingerprint, "open the same sources with the same weights, seeds and shuffles")
     return state
 
 
