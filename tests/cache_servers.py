@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import html
 import os
-import re
 import socket
 import threading
 import time
@@ -14,7 +13,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlsplit
 
-_RANGE = re.compile(r"^bytes=(\d+)-(\d*)$")
+from shardfeed.tools.http_range import start_range_reply
 
 
 @dataclass
@@ -64,18 +63,7 @@ class _Handler(BaseHTTPRequestHandler):
             links = "".join(f'<a href="{html.escape(n)}">{html.escape(n)}</a>\n' for n in names)
             return self._send(200, f"<html><body>{links}</body></html>".encode(), "text/html", body)
         size = os.path.getsize(path)
-        start, end, status = 0, size, 200
-        m = _RANGE.match(self.headers.get("Range", ""))
-        if m:
-            start = int(m.group(1))
-            end = min(size, int(m.group(2)) + 1) if m.group(2) else size
-            status = 206
-        self.send_response(status)
-        self.send_header("Content-Length", str(end - start))
-        self.send_header("Accept-Ranges", "bytes")
-        if status == 206:
-            self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
-        self.end_headers()
+        start, end = start_range_reply(self, size)
         if not body:
             return
         with open(path, "rb") as f:

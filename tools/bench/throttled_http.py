@@ -9,13 +9,12 @@ would on a saturated link. For benchmarks; tests use tests/cache_servers.py.
 from __future__ import annotations
 
 import os
-import re
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import unquote, urlsplit
 
-_RANGE = re.compile(r"^bytes=(\d+)-(\d*)$")
+from shardfeed.tools.http_range import resolve, start_range_reply
+
 _CHUNK = 64 << 10
 
 
@@ -33,27 +32,14 @@ class _Handler(BaseHTTPRequestHandler):
         self._serve(True)
 
     def _serve(self, body: bool):
-        rel = unquote(urlsplit(self.path).path).lstrip("/")
-        root = os.path.realpath(self.server.root)
-        path = os.path.realpath(os.path.join(root, rel))
-        if not path.startswith(root + os.sep) or not os.path.isfile(path):
+        path = resolve(self.server.root, self.path)
+        if path is None or not os.path.isfile(path):
             self.send_response(404)
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
         size = os.path.getsize(path)
-        start, end, status = 0, size, 200
-        m = _RANGE.match(self.headers.get("Range", ""))
-        if m:
-            start = int(m.group(1))
-            end = min(size, int(m.group(2)) + 1) if m.group(2) else size
-            status = 206
-        self.send_response(status)
-        self.send_header("Content-Length", str(end - start))
-        self.send_header("Accept-Ranges", "bytes")
-        if status == 206:
-            self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
-        self.end_headers()
+        start, end = start_range_reply(self, size)
         if not body:
             return
         with open(path, "rb") as f:

@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import unquote, urlsplit
 
-_RANGE = re.compile(r"^bytes=(\d+)-(\d*)$")
+from shardfeed.tools.http_range import resolve, start_range_reply
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -30,9 +28,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._serve(body=True)
 
     def _serve(self, body: bool):
-        root = os.path.realpath(self.server.root)
-        path = os.path.realpath(os.path.join(root, unquote(urlsplit(self.path).path).lstrip("/")))
-        if not path.startswith(root + os.sep) or not os.path.isfile(path):
+        path = resolve(self.server.root, self.path)
+        if path is None or not os.path.isfile(path):
             data = b"not found"
             self.send_response(404)
             self.send_header("Content-Length", str(len(data)))
@@ -41,18 +38,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self.wfile.write(data)
             return
         size = os.path.getsize(path)
-        start, end, status = 0, size, 200
-        m = _RANGE.match(self.headers.get("Range", ""))
-        if m:
-            start = int(m.group(1))
-            end = min(size, int(m.group(2)) + 1) if m.group(2) else size
-            status = 206
-        self.send_response(status)
-        self.send_header("Content-Length", str(max(0, end - start)))
-        self.send_header("Accept-Ranges", "bytes")
-        if status == 206:
-            self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
-        self.end_headers()
+        start, end = start_range_reply(self, size)
         if body and end > start:
             with open(path, "rb") as f:
                 self.wfile.write(os.pread(f.fileno(), end - start, start))
