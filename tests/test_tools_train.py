@@ -137,3 +137,36 @@ def test_train_checks_eval_data_and_options_too(tmp_path):
     _assert_one_line_error(out, "cls field")
     assert "image field" not in out.stderr  # it has one: only the missing field is named
     _assert_one_line_error(_train(tmp_path / "train", "--ranks", "0"), "--ranks 0")
+
+
+def test_a_rank_killed_mid_run_stops_the_job_with_one_clear_line(tmp_path):
+    """A dead rank must not leave the others hanging in a collective: the job
+    ends within the collective timeout, naming the rank and how it died."""
+    import os
+    import signal
+    import time
+
+    import psutil
+
+    _write(tmp_path / "train", 4000, 0)
+    proc = subprocess.Popen([EXE, "train", str(tmp_path / "train"), "--epochs", "50", "--batch-size", "8",
+                             "--collective-timeout", "30", "--log-every", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        ranks = []
+        while time.time() < deadline and len(ranks) < 2:
+            ranks = [c for c in psutil.Process(proc.pid).children(recursive=True)
+                     if "spawn" in " ".join(c.cmdline()) and c.name().startswith("python")]
+            time.sleep(0.5)
+        assert len(ranks) >= 2, "the two ranks never started"
+        time.sleep(8)  # let them train a little
+        os.kill(ranks[-1].pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, (out, err)
+    lines = [ln for ln in err.splitlines() if ln.startswith("shardfeed train: error:")]
+    assert len(lines) == 1 and "was killed by SIGKILL" in lines[0], err
+    assert "Traceback" not in err

@@ -13,6 +13,7 @@ continues exactly, also with another number of ranks. Launch it either way:
 
 from __future__ import annotations
 
+import datetime
 import os
 import socket
 import sys
@@ -42,7 +43,7 @@ def _worker(rank: int, world: int, port: int, args) -> None:
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
-    dist.init_process_group(_backend(args), rank=rank, world_size=world)
+    dist.init_process_group(_backend(args), rank=rank, world_size=world, timeout=_timeout(args))
     try:
         run_rank(rank, world, args)
     except (ShardError, ValueError) as e:
@@ -52,6 +53,11 @@ def _worker(rank: int, world: int, port: int, args) -> None:
         sys.exit(2)
     finally:
         dist.destroy_process_group()
+
+
+def _timeout(args) -> datetime.timedelta:
+    # a rank that dies leaves the others in a collective: fail after this long instead of hanging
+    return datetime.timedelta(seconds=args.collective_timeout)
 
 
 def _free_port() -> int:
@@ -83,7 +89,7 @@ def main(args) -> int:
             print(f"shardfeed train: error: {problem}", file=sys.stderr)
         return 2
     if under_torchrun:
-        dist.init_process_group(_backend(args))
+        dist.init_process_group(_backend(args), timeout=_timeout(args))
         try:
             run_rank(dist.get_rank(), dist.get_world_size(), args)
         finally:
@@ -95,6 +101,9 @@ def main(args) -> int:
     except torch.multiprocessing.ProcessExitedException as e:
         if e.exit_code == 2:  # the rank printed its one-line error
             return 2
-        raise
+        how = f"was killed by {e.signal_name}" if e.signal_name else f"exited with code {e.exit_code}"
+        print(f"shardfeed train: error: rank {e.error_index} {how}; the other ranks were stopped "
+              "(resume from the last --checkpoint)", file=sys.stderr)
+        return 1
     print(f"trained on {plural(args.ranks, 'rank')} in {time.perf_counter() - t0:.1f}s", flush=True)
     return 0

@@ -45,6 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--replay", type=float, default=0.0, help="with --follow: share of each global batch drawn from older samples")
     a("--window", type=int, default=None, help="with --follow: replay from the last N commits only (default: all)")
     a("--idle-timeout", type=float, default=600.0, help="with --follow: seconds without a commit before giving up")
+    a("--collective-timeout", type=float, default=300.0,
+      help="seconds a rank waits in a collective (all_reduce) for the others before failing, not hanging")
     a("--checkpoint", default=None, help="checkpoint file (model, optimizer, LR scheduler, loader state)")
     a("--checkpoint-every", type=int, default=0, help="also checkpoint every N steps (0: at epoch ends only)")
     a("--resume", action="store_true", help="continue from --checkpoint when it exists (any world size)")
@@ -106,6 +108,8 @@ def check_options(args) -> None:
     for name in ("checkpoint_every", "max_steps", "warmup_steps"):
         if getattr(args, name) < 0:
             raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)} must be 0 or more")
+    if not args.collective_timeout > 0:
+        raise ValueError(f"--collective-timeout {args.collective_timeout} must be more than 0 seconds")
     if args.image_size is not None and args.image_size < 4:
         raise ValueError(f"--image-size {args.image_size} must be 4 or more")
     if args.classes is not None and args.classes < 2:
