@@ -1,0 +1,290 @@
+"""`shardfeed bench soak`: streaming ingest + follow on 2 ranks under scheduled faults.
+
+A writer process appends samples at a steady rate to a live dataset; a job
+of 2 follower ranks (forked processes joined by gloo, one all_reduce per
+step, ``num_workers`` loader workers each) follows it, saving every rank's
+loader state and audit record together every ``--every`` steps. On a
+schedule the driver SIGKILLs, in turn: a loader worker of one rank (that rank
+gets WorkerError), the writer (its partial shard must never be published; a
+new writer continues the log), a whole rank. Any rank failure is handled as
+a real job would: every rank is stopped and the job restarts from the last
+complete checkpoint, so the steps after that checkpoint are delivered again
+(counted as replays, not as repeats: the records saved with the checkpoints
+cover exactly what each checkpoint consumed). At the end the writer ends the
+stream, the job drains it, and ``shardfeed audit`` judges the merged records
+of the checkpoint chain: every published sample delivered exactly once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import random
+import signal
+import socket
+import tempfile
+import time
+
+from shardfeed.tools.bench.soak_procs import latest_checkpoint, rank_main, writer_main
+from shardfeed.tools.text import plural
+
+KINDS = ("worker", "writer", "rank")
+WORLD = 2
+
+
+def add_arguments(p) -> None:
+    p.description = __doc__.strip()
+    p.add_argument("--minutes", type=float, default=30.0, help="how long the writer ingests (default: %(default)s)")
+    p.add_argument("--fault-every-s", type=float, default=None,
+                   help="seconds between faults (default: 30, or a quarter of a shorter run)")
+    p.add_argument("--rate", type=float, default=100.0, help="samples published per second (default: %(default)s)")
+    p.add_argument("--per-shard", type=int, default=40, help="samples per shard (default: %(default)s)")
+    p.add_argument("--batch", type=int, default=4, help="per-rank batch size (default: %(default)s)")
+    p.add_argument("--workers", type=int, default=2, help="loader workers per rank (default: %(default)s)")
+    p.add_argument("--every", type=int, default=10, help="checkpoint every N steps (default: %(default)s)")
+    p.add_argument("--drain-timeout-s", type=float, default=300.0,
+                   help="after ingest stops, how long the job may take to drain (default: %(default)s)")
+    p.add_argument("--quick", action="store_true", help="a 0.5-minute run")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _children(pid: int) -> list[int]:
+    """Live child processes of ``pid`` that are loader workers (not multiprocessing's resource tracker)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == pid and b"resource_tracker" not in cmd:
+            out.append(int(d))
+    return out
+
+
+def _killpg(proc) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.join(10)
+
+
+class _Run:
+    """The driver's view: the writer, the current job, the faults and restarts."""
+
+    def __init__(self, args, tmp: str):
+        self.ctx = mp.get_context("fork")
+        self.args = args
+        self.root, self.run, self.ckpt = (os.path.join(tmp, d) for d in ("data", "run", "ckpt"))
+        for d in (self.run, self.ckpt):
+            os.makedirs(d)
+        from shardfeed.formats.commit_log import LOG_DIR
+
+        os.makedirs(os.path.join(self.root, LOG_DIR))
+        self.stop_file = os.path.join(self.run, "STOP")
+        self.gen, self.job, self.writer, self.ranks = -1, -1, None, []
+        self.faults: list[dict] = []
+        self.restarts = 0
+
+    def start_writer(self) -> None:
+        self.gen += 1
+        a = self.args
+        self.writer = self.ctx.Process(target=writer_main, name=f"soak-writer-{self.gen}", daemon=False,
+                                       args=(self.root, self.gen, a.per_shard, a.rate, self.stop_file))
+        self.writer.start()
+
+    def start_job(self) -> None:
+        self.job += 1
+        a = self.args
+        cfg = {"root": self.root, "run": self.run, "ckpt": self.ckpt, "job": self.job, "batch": a.batch,
+               "workers": a.workers, "every": a.every, "resume": latest_checkpoint(self.ckpt),
+               "idle_timeout_s": 120.0, "collective_timeout_s": 60.0}
+        port = _free_port()
+        self.ranks = [self.ctx.Process(target=_rank_entry, args=(r, WORLD, port, cfg), daemon=False,
+                                       name=f"soak-job{self.job}-rank{r}") for r in range(WORLD)]
+        for p in self.ranks:
+            p.start()
+
+    def stop_job(self) -> None:
+        for p in self.ranks:
+            _killpg(p)
+
+    def check_job(self) -> bool | None:
+        """True when every rank finished, False after a failure (the job was restarted), None while running."""
+        codes = [p.exitcode for p in self.ranks]
+        if all(c == 0 for c in codes):
+            return True
+        if any(c not in (None, 0) for c in codes):
+            self.stop_job()
+            self.restarts += 1
+            self.start_job()
+            return False
+        return None
+
+    def inject(self, kind: str) -> bool:
+        """SIGKILL one victim of ``kind``; False when there is none yet (a job still starting)."""
+        rank = random.randrange(WORLD)
+        if kind == "worker":
+            kids = _children(self.ranks[rank].pid) if self.ranks[rank].exitcode is None else []
+            if not kids:
+                return False
+            os.kill(random.choice(kids), signal.SIGKILL)
+        elif kind == "rank":
+            if self.ranks[rank].exitcode is not None:
+                return False
+            os.killpg(self.ranks[rank].pid, signal.SIGKILL)
+        else:
+            _killpg(self.writer)
+            self.start_writer()
+        self.faults.append({"kind": kind, "time": time.time(), "job": self.job, "writer": self.gen - 1
+                            if kind == "writer" else self.gen, "rank": None if kind == "writer" else rank})
+        return True
+
+
+def _rank_entry(rank, world, port, cfg) -> None:
+    try:
+        rank_main(rank, world, port, cfg)
+    except BaseException as e:  # noqa: BLE001 - the driver reads why the rank stopped
+        with open(os.path.join(cfg["run"], f"error-job{cfg['job']:04d}-rank{rank}"), "w") as f:
+            f.write(f"{type(e).__name__}: {e}")
+        os._exit(3)
+
+
+def _drive(r: _Run, args, minutes: float, every_s: float) -> None:
+    r.start_writer()
+    r.start_job()
+    t_end = time.monotonic() + minutes * 60
+    next_fault, k = time.monotonic() + every_s, 0
+    while time.monotonic() < t_end:
+        if r.writer.exitcode is not None:
+            raise RuntimeError(f"bench soak: the writer (generation {r.gen}) exited with {r.writer.exitcode} "
+                               "without being killed; see its traceback above")
+        if r.check_job() is True:
+            raise RuntimeError(f"bench soak: the job ended before the stream did (job {r.job}); "
+                               f"see {r.run}")
+        if time.monotonic() >= next_fault and r.inject(KINDS[k % len(KINDS)]):
+            f = r.faults[-1]
+            print(f"soak: {time.monotonic() - t_end + minutes * 60:7.1f} s  killed {f['kind']}"
+                  + (f" of rank {f['rank']}" if f["rank"] is not None else "") + f" (job {f['job']})", flush=True)
+            k += 1
+            next_fault = time.monotonic() + every_s
+        time.sleep(0.05)
+    with open(r.stop_file, "w"):
+        pass
+    r.writer.join(120)
+    if r.writer.exitcode != 0:
+        raise RuntimeError(f"bench soak: the last writer did not end the stream (exit {r.writer.exitcode})")
+    deadline = time.monotonic() + args.drain_timeout_s
+    while (done := r.check_job()) is not True:
+        if time.monotonic() > deadline:
+            r.stop_job()
+            raise RuntimeError(f"bench soak: the job did not drain the stream in {args.drain_timeout_s:g} s "
+                               f"(--drain-timeout-s); records in {r.run}")
+        time.sleep(0.1 if done is None else 0)
+
+
+def _chain(ckpt: str) -> list[str]:
+    """The checkpoints the final run descends from, oldest first: their records tile the stream."""
+    out, d = [], latest_checkpoint(ckpt)
+    if d is None or not d.endswith("-end"):
+        raise RuntimeError(f"bench soak: no end checkpoint in {ckpt}")
+    while d:
+        out.append(d)
+        with open(os.path.join(d, "DONE")) as f:
+            d = json.load(f)["resumed_from"]
+    return out[::-1]
+
+
+def _delivered_total(run: str) -> int:
+    n = 0
+    for name in os.listdir(run):
+        if name.startswith("delivered-"):
+            with open(os.path.join(run, name)) as f:
+                n += int(f.read().strip() or 0)
+    return n
+
+
+def _report(r: _Run, args, minutes: float) -> dict:
+    from shardfeed.formats.commit_log import open_stream_index
+    from shardfeed.tools import audit as audit_cli
+
+    chain = _chain(r.ckpt)
+    records = [os.path.join(d, f"rank{k}.audit.json") for d in chain for k in range(WORLD)]
+    print(f"soak: shardfeed audit over {plural(len(records), 'record')} of {plural(len(chain), 'checkpoint')}:")
+    rc = audit_cli.main(argparse.Namespace(records=records, examples=5))
+    from shardfeed.loader import audit as audit_mod
+
+    rows = audit_cli.merge([audit_mod.load(p) for p in records], records)
+    index = open_stream_index(r.root)[0]
+    counts = [int(c) for c in index.counts]
+    published = sum(counts)
+    # writers publish only full shards; only the last writer's end_stream publishes a short one
+    last = f"w{r.gen:03d}-"
+    short = [n for n, c in zip(index.names, counts) if c != args.per_shard and not n.startswith(last)]
+    unique = sum(x["unique"] for x in rows)
+    delivered = sum(x["delivered"] for x in rows)
+    errors = {n: open(os.path.join(r.run, n)).read() for n in sorted(os.listdir(r.run)) if n.startswith("error-")}
+    dones = []
+    for d in os.listdir(r.ckpt):
+        p = os.path.join(r.ckpt, d, "DONE")
+        if os.path.exists(p):
+            with open(p) as f:
+                dones.append(json.load(f)["time"])
+    commits = [os.path.getmtime(os.path.join(r.root, n)) for n in os.listdir(r.root) if n.startswith("w")]
+    survived = {k: 0 for k in KINDS}
+    ok = rc == 0 and unique == published and not short
+    for f in r.faults:
+        later = commits if f["kind"] == "writer" else dones
+        survived[f["kind"]] += int(ok and any(t > f["time"] for t in later))
+    worker_errors = sum(1 for n, e in errors.items() if e.startswith("WorkerError"))
+    out = {"minutes": minutes, "rate": args.rate, "per_shard": args.per_shard, "batch": args.batch,
+           "workers": args.workers, "every": args.every, "published": published, "shards": len(counts),
+           "partial_shards_published": len(short), "delivered_in_records": delivered,
+           "unique": unique, "lost": published - unique, "replayed": _delivered_total(r.run) - delivered,
+           "faults": {k: sum(f["kind"] == k for f in r.faults) for k in KINDS}, "survived": survived,
+           "job_restarts": r.restarts, "writers": r.gen + 1, "worker_errors": worker_errors,
+           "checkpoints_in_chain": len(chain), "audit_exit": rc, "errors": errors}
+    return out
+
+
+def main(args) -> int:
+    import torch  # noqa: F401 - imported once here, so the forked ranks need not import it again
+
+    minutes = 0.5 if args.quick else args.minutes
+    every_s = args.fault_every_s or min(30.0, minutes * 60 / 4)
+    if not minutes > 0 or not every_s > 0:
+        raise ValueError(f"--minutes {minutes} and --fault-every-s {every_s} must be > 0")
+    with tempfile.TemporaryDirectory(prefix="bench-soak-") as tmp:
+        r = _Run(args, tmp)
+        try:
+            _drive(r, args, minutes, every_s)
+        finally:
+            r.stop_job()
+            if r.writer is not None:
+                _killpg(r.writer)
+        res = _report(r, args, minutes)
+    f, s = res["faults"], res["survived"]
+    print(f"bench soak: {minutes:g} min, {plural(res['published'], 'sample')} published, "
+          f"{res['unique']:,} delivered once ({res['replayed']:,} replayed after restarts), lost {res['lost']}, "
+          f"partial shards published {res['partial_shards_published']}; "
+          f"faults injected/survived: " + ", ".join(f"{k} {f[k]}/{s[k]}" for k in KINDS)
+          + f"; {plural(res['job_restarts'], 'job restart')}, {plural(res['writers'], 'writer')}")
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "bench_soak.json")
+    with open(path, "w") as fh:
+        json.dump(res, fh, indent=1)
+    print(f"bench soak: results in {path}")
+    bad = res["lost"] or res["audit_exit"] or res["partial_shards_published"] or sum(f.values()) != sum(s.values())
+    return 1 if bad else 0
