@@ -8,7 +8,8 @@
     shardfeed bench mix       mixing overhead and audit memory (bench_mix)
     shardfeed bench stream    publish-to-delivery latency, ingest + follow throughput (bench_stream)
     shardfeed bench compare   beside the peers: whole pass, steady, first batch (bench_compare)
-    shardfeed bench all       each of the above in turn
+    shardfeed bench soak      streaming ingest + follow on 2 ranks under scheduled faults (bench_soak)
+    shardfeed bench all       each of the above in turn, except the long soak
 
 Each benchmark is its own module with ``add_arguments`` and ``main``; one that
 is not built yet in this checkout is reported as "not built" instead of
@@ -32,7 +33,10 @@ BENCHES = {
     "convert": ("shardfeed.tools.bench.convert", "conversion throughput, write-shuffle memory and quality"),
     "stream": ("shardfeed.tools.bench.stream", "streaming: publish-to-delivery latency, ingest + follow throughput"),
     "compare": ("shardfeed.tools.bench.compare", "shardfeed beside its peers: whole pass, steady rate, first batch"),
+    "soak": ("shardfeed.tools.bench.soak", "streaming ingest + follow on 2 ranks with faults injected, then an audit"),
 }
+# runs of half an hour by design: `bench all` leaves them out (run them by name)
+LONG = {"soak"}
 
 
 def _load(name: str):
@@ -94,7 +98,7 @@ def main(args: argparse.Namespace) -> int:
     if args.bench != "all":
         return run_one(args.bench, args)
     codes = {}
-    for name in BENCHES:
+    for name in (n for n in BENCHES if n not in LONG):
         mod = _load(name)
         if mod is None:
             codes[name] = "not built"
