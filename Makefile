@@ -22,6 +22,8 @@ $(STAMP): pyproject.toml
 	fi
 	@echo "setup: installing shardfeed (editable) with its test extras into $(VENV)"
 	@$(PY) -m pip install --disable-pip-version-check -q -e ".[test]"
+	@echo "setup: compiling shardfeed's jitted kernels once (numba keeps them in a cache)"
+	@$(PY) -m shardfeed.tools.warm
 	@touch $(STAMP)
 	@echo "setup: $(VENV) is ready"
 
