@@ -268,19 +268,17 @@ class OpenShards:
         """Shard ``s`` is unreadable (``reason``): never handed out again; closed
         now, or at its last unpin if it is pinned."""
         self._bad[s] = reason
-        v = self.views.pop(s, None)
-        if v is None:
-            return
-        if s in self._pins:
-            self._retired[s] = v
-        else:
-            self._close(s, v)
+        self._drop_view(s)
 
     def forget(self, s: int) -> None:
         """Forget shard ``s``'s open view and bad mark: the next ``get`` opens it
         again through ``path_of`` (its copy was replaced). A pinned view is
         closed at its last ``unpin``."""
         self._bad.pop(s, None)
+        self._drop_view(s)
+
+    def _drop_view(self, s: int) -> None:
+        # a pinned view stays usable by its holder and is closed at its last unpin
         v = self.views.pop(s, None)
         if v is None:
             return
