@@ -63,7 +63,33 @@ class Upcoming(NamedTuple):
     step: int
 
 
-class EpochFeed:
+class Feed:
+    """The contract every feed keeps (see the module docstring); iterating a
+    feed yields its work items up to the end of the epoch (or stream)."""
+
+    kind = "feed"
+
+    def reset(self, state: dict | None = None) -> None:
+        raise NotImplementedError
+
+    def next(self) -> WorkItem:
+        raise NotImplementedError
+
+    def get_state(self) -> dict:
+        raise NotImplementedError
+
+    def lookahead(self, k: int) -> list[Upcoming]:
+        raise NotImplementedError
+
+    def __iter__(self):
+        while True:
+            try:
+                yield self.next()
+            except StopIteration:
+                return
+
+
+class EpochFeed(Feed):
     """This rank's steps over the epochs of a fixed dataset.
 
     spec: what is shuffled (shuffling.PlanSpec); schedule: batch and image
@@ -139,13 +165,6 @@ class EpochFeed:
         self.step += 1
         return WorkItem(self.epoch, s, plan, s * bs, min(plan.num_samples, (s + 1) * bs), self.stage(),
                         self.get_state())
-
-    def __iter__(self):
-        while True:
-            try:
-                yield self.next()
-            except StopIteration:
-                return
 
     def get_state(self) -> dict:
         job = self.job()

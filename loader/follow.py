@@ -50,7 +50,7 @@ import numpy as np
 
 from shardfeed.formats.commit_log import LOG_DIR, open_stream_index, read_commits
 from shardfeed.formats.errors import ShardError
-from shardfeed.loader.feed import STATE_VERSION, Upcoming, WorkItem
+from shardfeed.loader.feed import STATE_VERSION, Feed, Upcoming, WorkItem
 from shardfeed.loader.schedule import BatchSchedule, Stage
 from shardfeed.loader.state_checks import (
     check_batch_sizes,
@@ -223,7 +223,7 @@ class _Log:
         return int(self.seqs[min(shard, len(self.seqs) - 1)])
 
 
-class FollowFeed:
+class FollowFeed(Feed):
     """This rank's steps over a growing dataset (see the module docstring)."""
 
     kind = "follow"
@@ -372,13 +372,6 @@ class FollowFeed:
         if self.log.total < need:
             self.log.poll()
         return self.log.total >= need or self.log.end is not None
-
-    def __iter__(self):
-        while True:
-            try:
-                yield self.next()
-            except StopIteration:
-                return
 
     def get_state(self) -> dict:
         consumed = self._consumed()

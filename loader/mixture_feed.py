@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardfeed.loader.feed import STATE_VERSION, Upcoming, WorkItem
+from shardfeed.loader.feed import STATE_VERSION, Feed, Upcoming, WorkItem
 from shardfeed.loader.follow import StreamPlan
 from shardfeed.loader.schedule import BatchSchedule, Stage
 from shardfeed.loader.state_checks import (
@@ -151,7 +151,7 @@ class MixturePlan:
         return {**self.__dict__, "_plans": {}}
 
 
-class MixtureFeed:
+class MixtureFeed(Feed):
     """This rank's steps over a Mixture (see the module docstring)."""
 
     kind = "mixture"
@@ -240,13 +240,6 @@ class MixtureFeed:
             raise StopIteration
         self.step += 1
         return WorkItem(self.epoch, self.step - 1, plan, start, stop, self.stage(), self.get_state())
-
-    def __iter__(self):
-        while True:
-            try:
-                yield self.next()
-            except StopIteration:
-                return
 
     def consumed(self) -> int:
         """Positions of the epoch's stream all ranks have taken."""

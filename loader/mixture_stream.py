@@ -37,7 +37,7 @@ from __future__ import annotations
 import numpy as np
 
 from shardfeed.formats.errors import ShardError
-from shardfeed.loader.feed import STATE_VERSION, Upcoming, WorkItem
+from shardfeed.loader.feed import STATE_VERSION, Feed, Upcoming, WorkItem
 from shardfeed.loader.follow import _Log, tail_shares
 from shardfeed.loader.mixture_feed import MixturePlan, interleave
 from shardfeed.loader.schedule import BatchSchedule, Stage
@@ -118,7 +118,7 @@ class StreamMixPlan:
         return {**self.__dict__, "_last": None}
 
 
-class MixtureStreamFeed:
+class MixtureStreamFeed(Feed):
     """This rank's steps over a Mixture with a followed source (see the module docstring)."""
 
     kind = "mixture-stream"
@@ -220,13 +220,6 @@ class MixtureStreamFeed:
         if self.log.total < need:
             self.log.poll()
         return self.log.total >= need or self.log.end is not None
-
-    def __iter__(self):
-        while True:
-            try:
-                yield self.next()
-            except StopIteration:
-                return
 
     def consumed(self) -> tuple[int, list[int]]:
         """(stream samples, each fixed source's walk position) all ranks have taken."""
