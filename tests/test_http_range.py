@@ -14,7 +14,7 @@ def test_paths_outside_the_folder_resolve_to_nothing(tmp_path):
     (tmp_path / "a.tar").write_bytes(b"x")
     root = str(tmp_path)
     assert resolve(root, "/a.tar") == os.path.realpath(tmp_path / "a.tar")
-    for bad in ("/../etc/passwd", "/%2e%2e/etc/passwd", "/a/../../x"):
+    for bad in ("/../etc/passwd", "/%2e%2e/etc/passwd", "/%61/../../x"):
         assert resolve(root, bad) is None
 
 
