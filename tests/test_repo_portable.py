@@ -46,7 +46,7 @@ def test_no_tracked_file_names_a_machine_path():
 
 def test_the_pattern_catches_what_broke_the_clone():
     # spelled in pieces so this file does not itself name those paths
-    assert MACHINE_PATH.search('SHARDFEED = "%s"' % "/".join(["", "work", "main", ".venv", "bin", "shardfeed"]))
-    assert MACHINE_PATH.search('WDS = "%s"' % "/".join(["", "work", "shared", "data", "wds-testdata"]))
+    assert MACHINE_PATH.search('SHARDFEED = "{}"'.format("/".join(["", "work", "main", ".venv", "bin", "shardfeed"])))
+    assert MACHINE_PATH.search('WDS = "{}"'.format("/".join(["", "work", "shared", "data", "wds-testdata"])))
     assert not MACHINE_PATH.search('os.path.join(os.path.dirname(sys.executable), "shardfeed")')
     assert not MACHINE_PATH.search("VENV ?= .venv")
