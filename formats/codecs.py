@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from shardfeed.formats.numeric_fields import NUMERIC_DTYPES, decode_numeric, encode_numeric
+
 INT_EXTS = frozenset({"cls", "cls2", "index", "inx", "id", "label"})
 TEXT_EXTS = frozenset({"txt", "text", "transcript"})
 JSON_EXTS = frozenset({"json", "jsn"})
@@ -53,8 +55,9 @@ class FieldTooLarge(ValueError):
 
 
 def codec_of(ext: str) -> str:
-    """The codec name for a field extension: int, text, json, npy, image,
-    pickle, gz (decompress, then decode by the extension left) or bytes."""
+    """The codec name for a field extension: int, text, json, npy, numeric
+    (raw little-endian ``uint16`` etc., numeric_fields.py), image, pickle, gz
+    (decompress, then decode by the extension left) or bytes."""
     last = ext.rsplit(".", 1)[-1].lower()
     if last in GZIP_EXTS:
         return "gz"
@@ -66,6 +69,8 @@ def codec_of(ext: str) -> str:
         return "json"
     if last in NPY_EXTS:
         return "npy"
+    if last in NUMERIC_DTYPES:
+        return "numeric"
     if last in IMAGE_EXTS:
         return "image"
     if last in PICKLE_EXTS:
@@ -86,6 +91,8 @@ def encode_field(ext: str, value: Any) -> bytes:
     inner extension and gzipped (mtime 0, so equal samples give equal shards).
     """
     codec = codec_of(ext)
+    if codec == "numeric":
+        return encode_numeric(ext, value)  # bytes too: their length is checked
     if isinstance(value, (bytes, bytearray, memoryview)) and codec != "npy":
         return bytes(value)
     if codec == "gz":
@@ -234,6 +241,8 @@ def decode_field(ext: str, data: Any, unsafe: Iterable[str] = (), image_size: in
         return json.loads(bytes(data))
     if codec == "npy":
         return decode_npy(data)
+    if codec == "numeric":
+        return decode_numeric(ext, data)
     if codec == "image":
         return decode_image(data, image_size, writable)
     if codec == "pickle":

@@ -20,7 +20,7 @@ import numpy as np
 from shardfeed.formats import ShardError, codec_of, decode_field
 from shardfeed.formats.batch import BatchReader, RawBatch, parse_ints
 from shardfeed.formats.errors import ReadError
-from shardfeed.loader.collate import Blob, Strs, collate_column, default_collate, npy_column
+from shardfeed.loader.collate import Blob, Strs, collate_column, default_collate, gathered_column
 from shardfeed.loader.errors import ErrorPolicy
 
 
@@ -137,7 +137,8 @@ class BatchMaker:
                 codec = "bytes"
             if codec == "bytes":
                 cols[name] = Blob(raw.buf, starts, sizes)
-            elif codec == "npy" and (arr := npy_column(raw.buf, starts, sizes)) is not None:
+            elif codec in ("npy", "numeric") and (
+                    arr := gathered_column(codec, name, raw.buf, starts, sizes)) is not None:
                 cols[name] = arr  # equal shapes: one jitted gather, no decode per sample
             elif codec == "int":
                 vals, ok = parse_ints(raw.buf, starts, sizes)

@@ -12,13 +12,14 @@ A batch travels as a dict of *columns*, never as a list of sample dicts:
 ``materialize`` turns columns into what the user sees; it runs in the main
 process, after the columns crossed from a worker through shared memory.
 
-Byte fields as views (``Loader(..., bytes_as="tensor")``): each undecoded
-byte value becomes a 1-D uint8 tensor viewing the batch buffer (the worker's
-shared-memory slot, or the reader's reused buffer at 0 workers), no copy.
-Lifetime rule: the views are valid until the next batch is asked for (the
-buffer is then refilled); keep one longer with ``.clone()``. With
-``pin_memory`` the batch's byte region is copied once into pinned memory and
-the views point there.
+Byte fields as views (``Loader(..., bytes_as="tensor" | "jagged")``): see
+views.py for the forms and the lifetime rule (valid until the next batch is
+asked for).
+
+Raw numeric fields (``tokens.uint16``, formats/numeric_fields.py) of one
+length in a batch are gathered into one ``(batch, n)`` array by the jitted
+copy, like equal-shaped ``.npy`` values; of unequal lengths they reach the
+user as a list of 1-D tensors.
 """
 
 from __future__ import annotations
@@ -30,8 +31,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from shardfeed.formats.codecs import decode_npy
+from shardfeed.formats.codecs import codec_of, decode_npy
 from shardfeed.formats.kernels import copy_ranges
+from shardfeed.formats.numeric_fields import numeric_column
+from shardfeed.loader.views import BYTES_AS, check_bytes_as, jagged_view, tensor_views
+
+__all__ = ["BYTES_AS", "Blob", "OwnedArray", "Strs", "check_bytes_as", "collate_column", "default_collate",
+           "gathered_column", "materialize", "npy_column"]
 
 _SLICE_WHOLE_BYTES = 16 << 10  # mean item size up to which to_list copies the items' span once first
 
@@ -78,23 +84,12 @@ class Blob:
 
     def to_tensors(self, pin_memory: bool = False) -> list:
         """Each value as a uint8 tensor viewing ``buf`` (None where absent): no copy,
-        valid until the buffer is reused (the module docstring's lifetime rule)."""
-        starts = self.starts.tolist()
-        sizes = self.sizes.tolist()
-        if not starts:
-            return []
-        lo = min(starts)
-        hi = max(a + max(z, 0) for a, z in zip(starts, sizes))
-        span = self.buf[lo:hi]
-        # a read-only buffer (a collate_fn's bytes joined) is copied once: torch warns on read-only views
-        base = torch.from_numpy(span if span.flags.writeable else span.copy())
-        if pin_memory:
-            base = base.pin_memory()
-        if lo:
-            starts = [a - lo for a in starts]
-        if min(sizes) >= 0:
-            return [base[a:a + z] for a, z in zip(starts, sizes)]
-        return [None if z < 0 else base[a:a + z] for a, z in zip(starts, sizes)]
+        valid until the buffer is reused (views.py's lifetime rule)."""
+        return tensor_views(self.buf, self.starts, self.sizes, pin_memory)
+
+    def to_jagged(self, pin_memory: bool = False):
+        """The values as one jagged nested tensor viewing ``buf`` (views.py)."""
+        return jagged_view(self.buf, self.starts, self.sizes, pin_memory)
 
     @classmethod
     def from_list(cls, items: list) -> Blob:
@@ -106,6 +101,17 @@ class Blob:
             np.cumsum(np.maximum(sizes[:-1], 0), out=starts[1:])
         data = b"".join(b for b in enc if b is not None)
         return cls(np.frombuffer(data, np.uint8), starts, sizes, text)
+
+
+class OwnedArray(np.ndarray):
+    """A column array made for this batch alone (never a view of a reused
+    buffer): ``materialize`` hands it to torch without copying it again. At 0
+    workers that saves a copy of every gathered ``.npy``/numeric column; from
+    a worker the column arrives as a plain view of the slot and is copied."""
+
+
+def owned(arr: np.ndarray) -> OwnedArray:
+    return arr.view(OwnedArray)
 
 
 @dataclass
@@ -149,7 +155,17 @@ def npy_column(buf: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> np.nda
     out = np.empty(n * nbytes, np.uint8)
     if nbytes:
         copy_ranges(buf, starts + head, np.full(n, nbytes, np.int64), out, np.arange(n, dtype=np.int64) * nbytes)
-    return out.view(first.dtype).reshape((n,) + first.shape)
+    return owned(out.view(first.dtype).reshape((n,) + first.shape))
+
+
+def gathered_column(codec: str, name: str, buf: np.ndarray, starts: np.ndarray,
+                    sizes: np.ndarray) -> OwnedArray | None:
+    """One array for a batch's ``npy`` or raw ``numeric`` field when the values
+    allow it (equal shapes / lengths), gathered by the jitted copy; else None."""
+    if codec == "npy":
+        return npy_column(buf, starts, sizes)
+    arr = numeric_column(name, buf, starts, sizes)
+    return None if arr is None else owned(arr)
 
 
 def _stackable(values: list) -> np.ndarray | None:
@@ -210,32 +226,34 @@ def default_collate(samples: list[dict]) -> dict:
     return out
 
 
-BYTES_AS = ("bytes", "tensor")
-
-
-def check_bytes_as(bytes_as: str) -> str:
-    if bytes_as not in BYTES_AS:
-        raise ValueError(f"bytes_as={bytes_as!r}: use 'bytes' (a list of bytes objects, copied) or 'tensor' "
-                         "(a list of uint8 tensors viewing the batch buffer, valid until the next batch)")
-    return bytes_as
-
-
 def materialize(columns: Any, pin_memory: bool = False, bytes_as: str = "bytes") -> Any:
     """What the user sees: tensors and lists. Arrays are copied out (their
-    memory may be a reused shared-memory slot); byte fields too, unless
-    ``bytes_as="tensor"`` (views, see the module docstring)."""
+    memory may be a reused shared-memory slot) unless made for this batch
+    alone (OwnedArray); byte fields too, unless ``bytes_as`` asks for views
+    (views.py). Raw numeric fields of unequal lengths become 1-D tensors."""
     if not isinstance(columns, dict):
         return columns
-    if bytes_as == "tensor":
-        columns = {name: col.to_tensors(pin_memory) if isinstance(col, Blob) and not col.text else col
+    if bytes_as != "bytes":
+        view = Blob.to_tensors if bytes_as == "tensor" else Blob.to_jagged
+        columns = {name: view(col, pin_memory) if isinstance(col, Blob) and not col.text else col
                    for name, col in columns.items()}
     out = {}
     for name, col in columns.items():
         if isinstance(col, np.ndarray):
-            t = torch.from_numpy(np.array(col, copy=True)) if col.dtype.kind in "biufc" else col.tolist()
-            out[name] = t.pin_memory() if pin_memory and isinstance(t, torch.Tensor) else t
+            if col.dtype.kind not in "biufc":
+                out[name] = col.tolist()
+                continue
+            t = torch.from_numpy(col.view(np.ndarray) if isinstance(col, OwnedArray) else np.array(col, copy=True))
+            out[name] = t.pin_memory() if pin_memory else t
         elif isinstance(col, (Blob, Strs)):
             out[name] = col.to_list()
+        elif isinstance(col, list) and codec_of(name) == "numeric":
+            out[name] = [_tensor(v, pin_memory) if isinstance(v, np.ndarray) else v for v in col]
         else:
             out[name] = col
     return out
+
+
+def _tensor(arr: np.ndarray, pin_memory: bool) -> torch.Tensor:
+    t = torch.from_numpy(arr if arr.flags.writeable else arr.copy())
+    return t.pin_memory() if pin_memory else t
