@@ -55,9 +55,10 @@ class Loader:
     each worker, so they must be picklable, as with torch's DataLoader), or
     a multiprocessing context.
     bytes_as: undecoded byte fields as ``"bytes"`` (a list of bytes, copied;
-    the default) or ``"tensor"`` (a list of uint8 tensors viewing the batch
-    buffer, no copy: valid until the next batch is asked for, ``.clone()``
-    one to keep it; collate.py).
+    the default), ``"tensor"`` (a list of uint8 tensors viewing the batch
+    buffer, no copy) or ``"jagged"`` (one torch.nested jagged tensor over that
+    buffer); views are valid until the next batch is asked for, ``.clone()``
+    one to keep it (views.py).
     """
 
     def __init__(self, dataset: ShardDataset, batch_size, num_workers: int = 0, prefetch: int = 2,

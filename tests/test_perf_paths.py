@@ -255,3 +255,18 @@ def test_bench_compare_runs_checks_content_and_reports_a_missing_peer(tmp_path):
     except Exception:
         assert rows["streaming"]["status"].startswith("skipped") and "whole" not in rows["streaming"]
     assert "Parquet global within 2x" in (tmp_path / "bench_compare.md").read_text()
+
+
+def test_bench_payloads_runs_every_variant(tmp_path):
+    """Tiny run of the payload-forms benchmark: every variant reports a positive rate."""
+    import json
+
+    from shardfeed.tools.bench import payloads
+
+    out = tmp_path / "payloads.json"
+    assert payloads.main(["--samples-2k", "512", "--samples-100k", "8", "--repeats", "1", "--workers", "0",
+                          "--json", str(out), "--dir", str(tmp_path / "data")]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert {r["variant"] for r in rows} == {"raw uint16 (tokens.uint16)", "npy uint16 (npy)", "plain bytes (bin)",
+                                            "bytes_as=bytes", "bytes_as=tensor", "bytes_as=jagged"}
+    assert all(r["median"] > 0 for r in rows)
