@@ -258,7 +258,8 @@ def main(args: argparse.Namespace) -> int:
     out = os.path.abspath(args.out)
     report = {"command": "shardfeed bench compare " + " ".join(sys.argv[3:]) if sys.argv[1:3] == ["bench", "compare"]
               else None, "machine": _machine(), "versions": versions(), "peers_python": run.peers_py,
-              "peers_versions": versions(run.peers_py) if run.peers_py else None, "batch_size": args.batch_size,
+              "peers_versions": versions(python_for("streaming", run.peers_py)) if "streaming" in run.libs
+              and run.peers_py else None, "batch_size": args.batch_size,
               "counts": {s: run.counts[s] for s in run.sizes}, "rows": [], "cat_mb_s": {}}
     started = time.perf_counter()
     libs = set(run.libs)

@@ -180,7 +180,16 @@ _VERSIONS_CODE = ("import json, sys\nfrom importlib.metadata import version\nout
 
 
 def versions(python: str = sys.executable) -> dict:
-    """Versions of the libraries as ``python`` sees them."""
+    """Versions of the libraries as ``python`` sees them (this interpreter's without a process)."""
+    if python == sys.executable:
+        from importlib.metadata import PackageNotFoundError, version
+        out = {"python": sys.version.split()[0]}
+        for d in VERSIONED:
+            try:
+                out[d] = version(d)
+            except PackageNotFoundError:
+                out[d] = "not installed"
+        return out
     try:
         done = subprocess.run([python, "-c", _VERSIONS_CODE, *VERSIONED], capture_output=True, text=True,
                               timeout=60, check=True)
