@@ -226,8 +226,7 @@ def quality(run: Run, report: dict) -> None:
     for lib, sh in _bar(rows, "shuffle quality"):
         r = run.read(lib, tag, fields, spec, workers=0, shuffle=sh, record=True)
         row = {"library": lib, "label": adapter(lib).label, "status": r.get("status"),
-               "setting": ("default shuffle" if lib != "shardfeed" else 'shuffle="global" (default)') if sh
-               else "shuffle off (stored order)"}
+               "setting": compare_report.shuffle_setting(lib, sh)}
         if r.get("status") == "ok":
             row.update(compare_quality.measure(r["order"], r["batch_sizes"], spec, run.args.batch_size))
         out["rows"].append(row)

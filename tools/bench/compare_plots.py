@@ -19,25 +19,31 @@ def _plt():
 
 
 def throughput(report: dict, path: str) -> None:
+    """One panel per (size, workers): sizes down, worker counts across."""
     plt = _plt()
-    panels = sorted({(r["size"], r["workers"]) for r in report["rows"]})
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 5.5), squeeze=False)
-    for ax, (s, w) in zip(axes[0], panels):
+    from matplotlib.ticker import NullFormatter
+    sizes = sorted({r["size"] for r in report["rows"]}, key=lambda s: int(s[:-3]))
+    workers = sorted({r["workers"] for r in report["rows"]})
+    most = max(sum(1 for r in report["rows"] if r["size"] == s and r["workers"] == w) for s in sizes for w in workers)
+    fig, axes = plt.subplots(len(sizes), len(workers), figsize=(6.5 * len(workers), (0.3 * most + 1.2) * len(sizes)),
+                             squeeze=False)
+    for (i, s), (j, w) in ((a, b) for a in enumerate(sizes) for b in enumerate(workers)):
+        ax = axes[i][j]
         rows = [r for r in report["rows"] if r["size"] == s and r["workers"] == w]
         labels = [f"{r['library']}, {'shuffled' if r['shuffle'] else 'stored'}" for r in rows]
         y = range(len(rows))
-        ax.barh([i + 0.2 for i in y], [r.get("steady") or 0 for r in rows], 0.4, color=[_color(r["library"])
-                for r in rows], alpha=0.45, label="steady")
-        ax.barh([i - 0.2 for i in y], [r.get("whole") or 0 for r in rows], 0.4, color=[_color(r["library"])
-                for r in rows], label="whole pass")
+        colors = [_color(r["library"]) for r in rows]
+        ax.barh([k + 0.2 for k in y], [r.get("steady") or 0 for r in rows], 0.4, color=colors, alpha=0.45)
+        ax.barh([k - 0.2 for k in y], [r.get("whole") or 0 for r in rows], 0.4, color=colors)
         ax.set_yticks(list(y), labels, fontsize=7)
         ax.invert_yaxis()
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_title(f"{s}, {w} workers")
-        ax.set_xlabel("samples/s (log; pale: steady, dark: whole pass)")
-        for i, r in enumerate(rows):
+        ax.set_xlabel("samples/s (log; dark: whole pass, pale: steady)")
+        for k, r in enumerate(rows):
             if r["status"] != "ok":
-                ax.text(1, i, " " + r["status"].split(":")[0], fontsize=6, va="center", transform=ax.get_yaxis_transform())
+                ax.text(0.01, k, r["status"].split(":")[0], fontsize=6, va="center", transform=ax.get_yaxis_transform())
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -55,7 +61,7 @@ def first_batch(report: dict, path: str) -> None:
     ax.tick_params(axis="y", labelsize=7)
     ax.set_xlabel("seconds from constructing the dataset to the first batch (fresh process)")
     ax.set_title(f"First batch, {size} samples")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper right")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -71,11 +77,11 @@ def quality(report: dict, path: str) -> None:
     a1.axvline(q["ideal"]["classes_per_batch"], color="green", linestyle="--",
                label=f"ideal {q['ideal']['classes_per_batch']:.1f}")
     a1.set_xlabel(f"distinct classes per batch of {report['batch_size']} (of {q['classes']})")
-    a1.legend(fontsize=8)
+    a1.legend(fontsize=8, loc="lower right")
     a2.barh(labels, [r.get("displacement") or 0 for r in rows], color=[_color(r["library"]) for r in rows])
     a2.axvline(1 / 3, color="green", linestyle="--", label="ideal 1/3")
     a2.set_xlabel("mean |read - written position| / n")
-    a2.legend(fontsize=8)
+    a2.legend(fontsize=8, loc="lower right")
     for ax in (a1, a2):
         ax.invert_yaxis()
         ax.tick_params(axis="y", labelsize=7)

@@ -24,6 +24,21 @@ KIB100 = 100 * 1024
 RATES = {"whole": "whole pass", "steady": "steady"}
 
 
+# What "shuffle on with defaults" is for each library (see the adapters in peers.py / compare_peers.py).
+SHUFFLE_SETTINGS = {
+    "shardfeed": 'shuffle="global" (its default order)',
+    "webdataset": "shardshuffle over all shards + .shuffle(1000), as documented",
+    "litdata": "StreamingDataset(shuffle=True)",
+    "streaming": "StreamingDataset(shuffle=True): py1e, default block size",
+    "files": "DataLoader(shuffle=True) over the files",
+    "parquet": "row groups in random order, rows shuffled within each",
+}
+
+
+def shuffle_setting(library: str, shuffle: bool) -> str:
+    return SHUFFLE_SETTINGS.get(library, "shuffle=True") if shuffle else "shuffle off (stored order)"
+
+
 def _fmt(v, spec=",.0f"):
     return "–" if v is None else format(v, spec)
 
