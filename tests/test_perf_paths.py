@@ -237,14 +237,16 @@ def test_bench_compare_runs_checks_content_and_reports_a_missing_peer(tmp_path):
     (not installable beside the CPU torch here) reported as skipped, never as a number."""
     import argparse
     import json
+    import sys
 
     from shardfeed.tools.bench import compare
 
     parser = argparse.ArgumentParser()
     compare.add_arguments(parser)
+    # --peers-python: run Streaming with this interpreter, not the peers' venv, so it is missing here
     args = parser.parse_args(["--out", str(tmp_path), "--libraries", "shardfeed,shardfeed-parquet,streaming",
                               "--sizes", "2KiB", "--samples-2k", "1024", "--workers", "0", "--shuffle", "on",
-                              "--no-plot"])
+                              "--no-plot", "--no-quality", "--train-steps", "0", "--peers-python", sys.executable])
     assert compare.main(args) == 0
     report = json.loads((tmp_path / "bench_compare.json").read_text())
     rows = {r["library"]: r for r in report["rows"]}

@@ -11,7 +11,11 @@ Jobs:
 - ``{"mode": "read", "library", "folder", "count", "size", "workers",
   "shuffle", "batch_size", "expected"}``: one timed pass, content-checked,
   its batches counted (the orchestrator gives no rate to a pass too short
-  for a steady state).
+  for a steady state). With ``"record": true`` the result also holds the
+  keys in read order and the size of each batch (for shuffle quality).
+
+A job with ``"classes"`` (and ``"per_shard"``) reads or writes the
+class-ordered samples of ``compare_quality.ClassOrderedSpec`` instead.
 """
 
 from __future__ import annotations
@@ -45,9 +49,18 @@ def _peak_rss_mib() -> float | None:
     return None
 
 
+def spec_of(job: dict):
+    """The samples a job writes or reads."""
+    if job.get("classes"):
+        from shardfeed.tools.bench.compare_quality import ClassOrderedSpec
+        return ClassOrderedSpec(job["count"], job["size"], job["classes"], job.get("per_shard"))
+    from shardfeed.tools.bench.samples import SampleSpec
+    return SampleSpec(job["count"], job["size"])
+
+
 def _run(job: dict) -> dict:
     from shardfeed.tools.bench.peers import ADAPTERS
-    from shardfeed.tools.bench.samples import ContentCheck, SampleSpec
+    from shardfeed.tools.bench.samples import ContentCheck, _as_int_array
 
     adapter = ADAPTERS[job["library"]]
     try:
@@ -55,7 +68,7 @@ def _run(job: dict) -> dict:
     except Exception as e:  # ImportError and friends: the library is absent or broken here
         # A missing peer is optional; shardfeed itself failing to import is a fault.
         return {"status": f"{'skipped' if adapter.peer else 'error'}: cannot import ({_short(e)})"}
-    spec = SampleSpec(job["count"], job["size"])
+    spec = spec_of(job)
 
     if job["mode"] == "write":
         start = time.perf_counter()
@@ -69,6 +82,7 @@ def _run(job: dict) -> dict:
     first = {}
     check_s = 0.0
     batches = 0
+    order, sizes = ([], []) if job.get("record") else (None, None)
     start = time.perf_counter()
     for keys, payloads, classes in adapter.batches(job["folder"], job["workers"], job["shuffle"],
                                                    job["batch_size"]):
@@ -77,6 +91,9 @@ def _run(job: dict) -> dict:
         done = time.perf_counter()
         check_s += done - got
         batches += 1
+        if order is not None:
+            order.append(_as_int_array(keys).copy())
+            sizes.append(len(order[-1]))
         if first_batch_s is None:
             first_batch_s, steady_start, first = got - start, done, check.result()
     end = time.perf_counter()
@@ -86,6 +103,8 @@ def _run(job: dict) -> dict:
     if steady_start is not None and check.count > first.get("count", 0):
         result.update(steady_s=end - steady_start, steady_count=check.count - first["count"],
                       steady_bytes=check.bytes - first["bytes"])
+    if order is not None:
+        result.update(order=[int(k) for a in order for k in a], batch_sizes=sizes)
     wrong = check.mismatch(job["expected"])
     result["status"] = f"FAILED: wrong content ({wrong})" if wrong else "ok"
     return result

@@ -1,34 +1,59 @@
 #!/usr/bin/env bash
-# Installs the optional peer libraries that `shardfeed bench read` compares
-# against (webdataset, litdata) into the project's venv.
+# Installs the optional peer libraries that `shardfeed bench read` and
+# `shardfeed bench compare` compare against:
+#  - webdataset and litdata into the project's venv (.venv);
+#  - MosaicML Streaming into a venv of its own (.venv-peers), because it pins
+#    numpy < 2.2 and its package imports torchvision, which cannot load beside
+#    the CPU torch wheel. That venv gets the exact torch of .venv (never a CUDA
+#    build), numpy < 2.2, Streaming without its declared dependencies (cloud
+#    SDKs, torchvision) plus the ones its readers and writers import, and
+#    shardfeed itself (editable, no dependencies) for the benchmark's child
+#    process. `bench compare` runs Streaming's passes with that venv's python.
 #
 # Why a constraint file: litdata pulls torchvision, whose newest release pins
 # a newer torch; unconstrained, pip replaces the CPU torch with a multi-GB
 # CUDA build. The constraint keeps the torch that is installed. A peer that
 # still cannot be installed is skipped by the benchmark, never faked.
+# Takes 1-2 minutes with pip's cache warm.
 set -euo pipefail
 
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 VENV="${VENV:-.venv}"
+PEERS_VENV="${PEERS_VENV:-.venv-peers}"
 PY="$VENV/bin/python"
+PIP=(-m pip install --disable-pip-version-check -q)
 if [ ! -x "$PY" ]; then
     echo "install_peers.sh: no venv at $VENV; run 'make venv' first (or set VENV=path)" >&2
     exit 2
 fi
 
-TORCH_VERSION="$("$PY" -c 'import torch; print(torch.__version__.split("+")[0])')"
+TORCH_VERSION="$("$PY" -c 'import torch; print(torch.__version__)')"
 CONSTRAINTS="$(mktemp)"
 trap 'rm -f "$CONSTRAINTS"' EXIT
 echo "torch==$TORCH_VERSION" > "$CONSTRAINTS"
 
 failed=0
 for peer in "webdataset>=0.2.86" "litdata"; do
-    echo "installing $peer (torch held at $TORCH_VERSION)"
-    if ! "$PY" -m pip install --disable-pip-version-check -q -c "$CONSTRAINTS" "$peer"; then
-        echo "install_peers.sh: could not install $peer; bench read will report it as skipped" >&2
+    echo "installing $peer into $VENV (torch held at $TORCH_VERSION)"
+    if ! "$PY" "${PIP[@]}" -c "$CONSTRAINTS" "$peer"; then
+        echo "install_peers.sh: could not install $peer; the benchmarks will report it as skipped" >&2
         failed=$((failed + 1))
     fi
 done
+
+echo "installing mosaicml-streaming into $PEERS_VENV (torch $TORCH_VERSION, numpy < 2.2, no torchvision)"
+PPY="$PEERS_VENV/bin/python"
+if { [ -x "$PPY" ] || python3 -m venv "$PEERS_VENV"; } &&
+   "$PPY" "${PIP[@]}" -c "$CONSTRAINTS" "torch==$TORCH_VERSION" "numpy<2.2" &&
+   "$PPY" "${PIP[@]}" --no-deps "mosaicml-streaming==0.13.0" &&
+   "$PPY" "${PIP[@]}" -c "$CONSTRAINTS" "numpy<2.2" brotli "python-snappy<1" "zstd<2" "catalogue<3" filelock \
+       pillow "xxhash<4" "tqdm<5" "transformers<5" &&
+   "$PPY" "${PIP[@]}" --no-deps -e .; then
+    :
+else
+    echo "install_peers.sh: could not set up $PEERS_VENV; bench compare will report streaming as skipped" >&2
+    failed=$((failed + 1))
+fi
 
 "$PY" - <<'PYEOF'
 import importlib
@@ -41,4 +66,13 @@ for name in ("webdataset", "litdata"):
         print(f"{name}: NOT importable ({type(e).__name__}: {e})")
 print(f"torch {torch.__version__} (unchanged)")
 PYEOF
+if [ -x "$PPY" ]; then
+    "$PPY" - <<'PYEOF' ||
+from importlib.metadata import version
+from shardfeed.tools.bench.compare_peers import import_streaming
+import_streaming()
+print(f"mosaicml-streaming {version('mosaicml-streaming')}: importable in its own venv (numpy {version('numpy')})")
+PYEOF
+        echo "mosaicml-streaming: NOT importable in $PEERS_VENV" >&2
+fi
 echo "install_peers.sh: done, $failed peer(s) failed to install"
