@@ -135,14 +135,15 @@ def test_bench_pairings_quick_reports_every_configuration(tmp_path):
     import argparse
     p = argparse.ArgumentParser()
     pairings.add_arguments(p)
+    # a slice of the matrix (each configuration is a fresh process, ~3 s here);
+    # the cache paths themselves are checked in-process above
     args = p.parse_args(["--quick", "--out", str(tmp_path / "out"), "--samples", "512", "--large-samples", "0",
-                         "--formats", "tar,parquet,tar.gz", "--orders", "global", "--caches", "none,http",
+                         "--formats", "tar,parquet,tar.gz", "--orders", "global", "--caches", "none",
                          "--workers", "0"])
     assert pairings.main(args) == 0
     got = json.load(open(tmp_path / "out" / "bench_pairings.json"))["results"]
-    want = {(f, c) for f in ("tar", "parquet", "tar.gz") for c in ("none", "http")}
+    want = {("tar", "none"), ("parquet", "none"), ("tar.gz", "none")}
     assert {(r["format"], r["cache"]) for r in got} == want
     assert all(r["status"] == "ok" and r["whole"] > 0 for r in got)
-    assert all(r["fill"] for r in got if r["cache"] == "http")
     text = open(tmp_path / "out" / "bench_pairings.md").read()
     assert text.count("| ok |") == len(want)
