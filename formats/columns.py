@@ -12,6 +12,13 @@ order each batch takes a row or two from each of many row groups; decoding a
 row group per batch made Parquet ~20x slower than Arrow IPC, whose record
 batches are views of a mapping and cost nothing to keep. With the groups
 kept, a Parquet shard is decoded once while it fits in the budget.
+
+Each decoded group is worked out once (``Decoded``: keys, binary columns as
+data/starts/sizes, typed columns as numpy) and a batch's rows are copied from
+it straight into the batch buffer (``Rows``, ``place``): no Arrow ``take``
+per shard per batch, which kept Parquet and Arrow at ~0.65x of tar under
+``global`` (now ~1.2x, measured side by side; README "Format and order
+pairings").
 """
 
 from __future__ import annotations
