@@ -12,6 +12,13 @@ order each batch takes a row or two from each of many row groups; decoding a
 row group per batch made Parquet ~20x slower than Arrow IPC, whose record
 batches are views of a mapping and cost nothing to keep. With the groups
 kept, a Parquet shard is decoded once while it fits in the budget.
+
+Each decoded group is worked out once (``Decoded``: keys, binary columns as
+data/starts/sizes, typed columns as numpy) and a batch's rows are copied from
+it straight into the batch buffer (``Rows``, ``place``): no Arrow ``take``
+per shard per batch, which kept Parquet and Arrow at ~0.65x of tar under
+``global`` (now ~1.2x, measured side by side; README "Format and order
+pairings").
 """
 
 from __future__ import annotations
@@ -37,9 +44,9 @@ class DecodedGroups:
 
     def __init__(self):
         self._lock = threading.RLock()
-        self._groups: OrderedDict[tuple[int, int], tuple[pa.Table, int]] = OrderedDict()
+        self._groups: OrderedDict[tuple[int, int], tuple[Decoded, int]] = OrderedDict()
 
-    def get(self, view: int, g: int) -> pa.Table | None:
+    def get(self, view: int, g: int) -> Decoded | None:
         with self._lock:
             got = self._groups.get((view, g))
             if got is None:
@@ -47,16 +54,16 @@ class DecodedGroups:
             self._groups.move_to_end((view, g))
             return got[0]
 
-    def put(self, view: int, g: int, table: pa.Table, path: str) -> None:
+    def put(self, view: int, g: int, item, path: str) -> None:
         # acquire may call reclaim (which takes our lock) while holding the
         # budget's lock: never call it with our lock held
         try:
-            nbytes = decompressed.acquire(max(int(table.nbytes), 1), path)
+            nbytes = decompressed.acquire(max(int(item.nbytes), 1), path)
         except ShardError:
             return  # the budget is held by shards in use: decode this group again when next needed
         with self._lock:
             old = self._groups.pop((view, g), None)
-            self._groups[(view, g)] = (table, nbytes)
+            self._groups[(view, g)] = (item, nbytes)
         if old is not None:
             decompressed.release(old[1])
 
@@ -69,6 +76,12 @@ class DecodedGroups:
                 nbytes -= n
         for n in freed:
             decompressed.release(n)
+
+    def drop_group(self, view: int, g: int) -> None:
+        with self._lock:
+            got = self._groups.pop((view, g), None)
+        if got is not None:
+            decompressed.release(got[1])
 
     def drop(self, view: int) -> None:
         with self._lock:
@@ -85,65 +98,123 @@ class DecodedGroups:
 DECODED = DecodedGroups()
 decompressed.add_reclaimer(DECODED.reclaim)
 _view_ids = itertools.count()
-_WHOLE = -1  # DECODED's group number for a whole shard
+
+
+class Decoded:
+    """One decoded row group (Parquet) or record batch (Arrow), with what a
+    batch needs of it worked out once: keys as an object array, binary and
+    string columns as (data, starts, sizes) arrays, typed columns as numpy
+    where that is exact. A batch then indexes these arrays and copies its
+    rows' bytes straight into the batch buffer: no Arrow ``take`` (a copy of
+    every byte taken, ~30 us a call) and no per-batch column unpacking."""
+
+    def __init__(self, table: pa.Table):
+        self.table = table
+        self.nbytes = int(table.nbytes)
+        self.names = table.column_names
+        self.keys = np.array(table.column(KEY).to_pylist(), dtype=object) if KEY in self.names else None
+        self.binary: dict[str, tuple] = {}
+        self.typed: dict[str, np.ndarray | None] = {}
+        for name in self.names:
+            if name == KEY:
+                continue
+            col = table.column(name)
+            if is_binary(col.type):
+                text = pa.types.is_string(col.type) or pa.types.is_large_string(col.type)
+                self.binary[name] = (*binary_parts(col), text)
+            else:
+                # numpy only when it is what a column of any subset of rows
+                # gives (no nulls: those make ints floats); else take per batch
+                try:
+                    values = col.to_numpy() if col.null_count == 0 else None
+                except (pa.ArrowException, TypeError, ValueError):
+                    values = None
+                self.typed[name] = values if values is not None and values.dtype != object else None
+
+    def typed_rows(self, name: str, rows: np.ndarray):
+        values = self.typed[name]
+        return values[rows] if values is not None else self.table.column(name).take(pa.array(rows))
+
+
+class _Listed(list):
+    def to_pylist(self) -> list:
+        return list(self)
+
+
+class Rows:
+    """Rows of one shard for a batch, without copying them: segments of
+    (decoded group, rows in it, their positions among these rows). Offers what
+    batch.py asks of a table (``column_names``, ``num_rows``,
+    ``column(KEY).to_pylist()``); ``row_bytes`` and ``place`` read the segments."""
+
+    def __init__(self, names: list[str], segments: list[tuple[Decoded, np.ndarray, np.ndarray]], n: int):
+        self.column_names = names
+        self.segments = segments
+        self.num_rows = n
+
+    def column(self, name: str):
+        if name == KEY:
+            out = np.empty(self.num_rows, dtype=object)
+            for dec, rows, sel in self.segments:
+                out[sel] = dec.keys[rows]
+            return _Listed(out.tolist())
+        parts = [(sel, dec.table.column(name).take(pa.array(rows))) for dec, rows, sel in self.segments]
+        order = np.argsort(np.concatenate([sel for sel, _ in parts]), kind="stable")
+        return pa.chunked_array([c for _, c in parts]).take(pa.array(order))
 
 
 class ColumnarView:
     """One open columnar shard. Arrow record batches are views of the mapping
-    (kept by the reader); decoded Parquet row groups are kept in DECODED."""
+    (kept by the reader), their Decoded kept here (a few arrays per batch);
+    decoded Parquet row groups are kept in DECODED under the budget."""
 
     def __init__(self, reader: ColumnarShardReader):
         self.reader = reader
         self.path = reader.path
         self._id = next(_view_ids)
         self._parquet = getattr(reader, "_pf", None) is not None
+        self._mapped: dict[int, Decoded] = {}
 
-    def _table(self, g: int) -> pa.Table:
-        if self._parquet:
-            got = DECODED.get(self._id, g)
-            if got is not None:
-                return got
-        batch = self.reader._group(g)  # validated in full there: Arrow follows offsets blindly
-        tbl = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
-        if self._parquet:
-            DECODED.put(self._id, g, tbl, self.path)
-        return tbl
-
-    def _whole(self) -> pa.Table | None:
-        """The whole Parquet shard as one table of single chunks (a take costs
-        ~30 us a call: one per shard per batch instead of one per row group),
-        built once a batch needs rows of several of its groups (random order);
-        None when it does not fit in the budget."""
-        got = DECODED.get(self._id, _WHOLE)
+    def _decoded(self, g: int) -> Decoded:
+        got = DECODED.get(self._id, g) if self._parquet else self._mapped.get(g)
         if got is not None:
             return got
-        n = len(self.reader.group_start) - 1
-        whole = pa.concat_tables([self._table(g) for g in range(n)]).combine_chunks()
-        DECODED.drop(self._id)
-        DECODED.put(self._id, _WHOLE, whole, self.path)
-        return whole if DECODED.get(self._id, _WHOLE) is not None else None
+        batch = self.reader._group(g)  # validated in full there: Arrow follows offsets blindly
+        dec = Decoded(batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch]))
+        if self._parquet:
+            DECODED.put(self._id, g, dec, self.path)  # not kept if the budget is held by shards in use
+        else:
+            self._mapped[g] = dec
+        return dec
 
-    def rows(self, local: np.ndarray) -> pa.Table:
+    def rows(self, local: np.ndarray) -> Rows:
         """The rows ``local`` (indexes in the shard, any order, repeats allowed), in that order."""
-        r = self.reader
-        groups = np.searchsorted(r.group_start, local, side="right") - 1
-        if self._parquet and len(local) > 1 and groups.min() != groups.max():
-            whole = self._whole()
-            if whole is not None:
-                return whole.take(pa.array(local))
-        parts = []
-        order = []
-        for g in np.unique(groups).tolist():
-            sel = np.flatnonzero(groups == g)
-            parts.append(self._table(g).take(pa.array(local[sel] - r.group_start[g])))
-            order.append(sel)
-        tbl = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
-        inv = np.empty(len(local), np.int64)
-        inv[np.concatenate(order)] = np.arange(len(local))
-        return tbl.take(pa.array(inv)) if len(parts) > 1 else tbl
+        start = self.reader.group_start
+        n = len(local)
+        if n and local[-1] - local[0] == n - 1 and bool(np.all(np.diff(local) == 1)):
+            g0 = int(np.searchsorted(start, local[0], side="right") - 1)  # a stored-order run
+            g1 = int(np.searchsorted(start, local[-1], side="right") - 1)
+            segments = []
+            for g in range(g0, g1 + 1):
+                sel = np.flatnonzero((local >= start[g]) & (local < start[g + 1])) if g1 > g0 else np.arange(n)
+                segments.append((self._decoded(g), local[sel] - start[g], sel))
+                if self._parquet and local[-1] >= start[g + 1] - 1:
+                    # read to its end in stored order: next needed next epoch, so
+                    # give its memory back now (the allocator reuses it at once)
+                    DECODED.drop_group(self._id, g)
+        else:
+            groups = np.searchsorted(start, local, side="right") - 1
+            uniq = np.unique(groups).tolist()
+            segments = []
+            for g in uniq:
+                sel = np.flatnonzero(groups == g) if len(uniq) > 1 else np.arange(n)
+                segments.append((self._decoded(g), local[sel] - start[g], sel))
+        names = segments[0][0].names if segments else [KEY]
+        return Rows(names, segments, n)
 
     def close(self) -> None:
         DECODED.drop(self._id)
+        self._mapped = {}
         self.reader.close()
 
 
@@ -154,7 +225,12 @@ def is_binary(t) -> bool:
 
 def binary_parts(col: pa.ChunkedArray | pa.Array):
     """(data uint8, starts int64, sizes int64) of a binary/string column; size -1 for nulls."""
-    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if isinstance(col, pa.ChunkedArray):
+        # combine_chunks copies even a single chunk (a 25 MB row group of
+        # 100 KiB values: 60-120 ms of fresh pages): take that chunk as it is
+        arr = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+    else:
+        arr = col
     if pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type):
         arr = arr.cast(pa.large_binary() if pa.types.is_large_string(arr.type) else pa.binary())
     _, offs, data = arr.buffers()
@@ -171,6 +247,9 @@ def typed_column(parts, n):
     """Typed columnar values in batch order: a numpy array when possible, else a list."""
     arrays = []
     for prow, col in parts:
+        if isinstance(col, np.ndarray):
+            arrays.append((prow, col))
+            continue
         try:
             arrays.append((prow, col.to_numpy()))
         except (pa.ArrowException, TypeError, ValueError):
@@ -189,9 +268,14 @@ def register_fields(tbl: pa.Table, field_ids: dict) -> None:
             field_ids.setdefault(name, len(field_ids))
 
 
-def row_bytes(tbl: pa.Table) -> np.ndarray:
+def row_bytes(tbl: pa.Table | Rows) -> np.ndarray:
     """Bytes each row of ``tbl`` takes in the batch buffer: its binary and string values."""
     out = np.zeros(tbl.num_rows, np.int64)
+    if isinstance(tbl, Rows):
+        for dec, rows, sel in tbl.segments:
+            for _, _, sizes, _ in dec.binary.values():
+                out[sel] += np.maximum(sizes[rows], 0)
+        return out
     for name in tbl.column_names:
         col = tbl.column(name)
         if name != KEY and is_binary(col.type):
@@ -199,12 +283,15 @@ def row_bytes(tbl: pa.Table) -> np.ndarray:
     return out
 
 
-def place(tbl: pa.Table, prow: np.ndarray, buf: np.ndarray, cursor: np.ndarray, fstart: np.ndarray,
+def place(tbl: pa.Table | Rows, prow: np.ndarray, buf: np.ndarray, cursor: np.ndarray, fstart: np.ndarray,
           fsize: np.ndarray, field_ids: dict, typed: dict, text_fields: set) -> None:
     """Copy ``tbl``'s binary and string values (row r at batch position
     ``prow[r]``) into ``buf`` from ``cursor[r]`` on, recording them in
     ``fstart``/``fsize``; typed columns are listed in ``typed[name]`` as
     (positions, column) for typed_column, string fields named in ``text_fields``."""
+    if isinstance(tbl, Rows):
+        _place_rows(tbl, prow, buf, cursor, fstart, fsize, field_ids, typed, text_fields)
+        return
     for name in tbl.column_names:
         if name == KEY:
             continue
@@ -220,3 +307,26 @@ def place(tbl: pa.Table, prow: np.ndarray, buf: np.ndarray, cursor: np.ndarray, 
                 text_fields.add(name)
         else:
             typed.setdefault(name, []).append((prow, col))
+
+
+def _place_rows(tbl: Rows, prow, buf, cursor, fstart, fsize, field_ids, typed, text_fields) -> None:
+    """``place`` for Rows: each segment's bytes copied from its decoded group
+    straight into the buffer, field after field in column order as for a table."""
+    for name in tbl.column_names:
+        if name == KEY:
+            continue
+        f = field_ids[name]
+        for dec, rows, sel in tbl.segments:
+            if name in dec.binary:
+                data, starts, sizes, text = dec.binary[name]
+                sz = sizes[rows]
+                width = np.maximum(sz, 0)
+                at = cursor[sel]
+                copy_ranges(data, starts[rows], width, buf, at)
+                fstart[f, prow[sel]] = at
+                fsize[f, prow[sel]] = sz
+                cursor[sel] = at + width
+                if text:
+                    text_fields.add(name)
+            else:
+                typed.setdefault(name, []).append((prow[sel], dec.typed_rows(name, rows)))

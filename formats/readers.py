@@ -58,6 +58,41 @@ def _decompress(stream, path: str, limit: int) -> bytes:
                                    "SHARDFEED_MAX_DECOMPRESSED_BYTES if this shard is genuine")
 
 
+def _gunzip(path: str, limit: int) -> bytes:
+    """A .tar.gz shard's bytes: each gzip member inflated by zlib in one call
+    straight into its output, bounded by ``limit``: ~15% faster than
+    GzipFile (measured on 7 MB shards) and half its peak memory, since
+    GzipFile's 8 MiB reads are gathered in a bytearray that is then copied
+    whole into bytes. Like GzipFile: members may follow one another,
+    zero padding may follow the last; a member cut short is an error."""
+    with open_regular(path, what="shard") as raw:
+        if os.fstat(raw.fileno()).st_size == 0:
+            raise ShardError(path, "gzip stream is corrupt or truncated: the file is empty")
+        with mmap.mmap(raw.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            view = memoryview(buf)
+            data: memoryview | bytes = view
+            parts: list[bytes] = []
+            total = 0
+            try:
+                while True:
+                    d = zlib.decompressobj(31)
+                    out = d.decompress(data, limit - total + 1)
+                    total += len(out)
+                    parts.append(out)
+                    if total > limit:
+                        raise ShardError(path, f"decompresses to more than {limit} bytes; raise "
+                                               "SHARDFEED_MAX_DECOMPRESSED_BYTES if this shard is genuine")
+                    if not d.eof:
+                        raise ShardError(path, "gzip stream is corrupt or truncated: "
+                                               "it ends inside a member (truncated shard)")
+                    data = d.unused_data.lstrip(b"\0")
+                    if not data:
+                        break
+            finally:
+                view.release()
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
 _ZSTD_MAGIC = 0xFD2FB528
 
 
@@ -131,8 +166,7 @@ def load_tar_stream(path: str, fmt: str, limit: int | None = None):
                     raise ShardError(path, "shard is empty (0 bytes; truncated)")
                 return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         if fmt == "tar.gz":
-            with open_regular(path, what="shard") as raw, gzip.GzipFile(fileobj=raw, mode="rb") as f:
-                return _decompress(f, path, limit)
+            return _gunzip(path, limit)
         if fmt == "tar.zst":
             return _decompress_zstd(path, limit)
     except FileNotFoundError as e:
@@ -312,7 +346,10 @@ class ColumnarShardReader:
             return self._mapped[g]
         try:
             if self._pf is not None:
-                batch = self._pf.read_row_group(g)
+                # one thread: a loader reads in each of its processes already, and
+                # pyarrow's pool decoding into fresh memory measured 3-5x slower
+                # (25 MB row groups of 100 KiB values: 60-130 ms against ~20 ms)
+                batch = self._pf.read_row_group(g, use_threads=False)
             else:
                 batch, batch_meta = self._ipc.get_batch_with_custom_metadata(g)
             batch.validate(full=True)
