@@ -59,6 +59,12 @@ def fingerprint(a):
     return _SCALARS.get(t)
 
 
+def file_digest(data: bytes) -> str:
+    import xxhash
+
+    return xxhash.xxh3_128_hexdigest(data)
+
+
 class Loaded:
     """A compiled module and its manifest: kernel name -> {argument types: function}."""
 
@@ -71,9 +77,11 @@ class Loaded:
 
 
 def _versions() -> dict:
-    import importlib.metadata as md
-
-    return {"python": sys.implementation.cache_tag, "numpy": np.__version__, "numba": md.version("numba")}
+    # numba's installed files, not importlib.metadata (0.1 s) nor numba itself: an upgrade rewrites them
+    spec = importlib.util.find_spec("numba")
+    origin = spec.origin if spec is not None and spec.origin else ""
+    stamp = os.stat(origin).st_mtime_ns if origin else 0
+    return {"python": sys.implementation.cache_tag, "numpy": np.__version__, "numba": f"{origin}@{stamp}"}
 
 
 def load(folder: str, key: str) -> Loaded | None:
@@ -95,6 +103,12 @@ def load(folder: str, key: str) -> Loaded | None:
         if man.get("versions") != _versions():
             raise ValueError(f"built for {man.get('versions')}, this is {_versions()}")
         so = os.path.join(folder, os.path.basename(man["file"]))
+        with open(so, "rb") as f:
+            digest = file_digest(f.read())
+        if digest != man.get("digest"):
+            # checked before dlopen: a truncated library can crash the process (SIGBUS), not raise
+            raise ValueError(f"{os.path.basename(so)} is damaged: its xxh3 is {digest}, the build wrote "
+                             f"{man.get('digest')}")
         spec = importlib.util.spec_from_file_location(man["module"], so,
                                                       loader=importlib.machinery.ExtensionFileLoader(man["module"], so))
         mod = importlib.util.module_from_spec(spec)

@@ -92,9 +92,11 @@ def build(folder: str | None = None) -> tuple[str, int, float]:
         so = [f for f in os.listdir(tmp) if f.startswith(module) and f.endswith((".so", ".pyd"))]
         if len(so) != 1:
             raise RuntimeError(f"pycc left {sorted(os.listdir(tmp))} in {tmp}, not one extension module")
+        with open(os.path.join(tmp, so[0]), "rb") as f:
+            digest = aot.file_digest(f.read())
         with open(os.path.join(tmp, aot.MANIFEST), "w") as f:
             json.dump({"format": aot.FORMAT, "key": jit.KEY, "versions": aot._versions(), "module": module,
-                       "file": so[0], "kernels": manifest}, f, indent=1)
+                       "file": so[0], "digest": digest, "kernels": manifest}, f, indent=1)
         for junk in os.listdir(tmp):
             if junk.endswith((".o", ".c")):
                 os.remove(os.path.join(tmp, junk))
