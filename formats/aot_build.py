@@ -10,7 +10,7 @@ each kernel's dispatcher compiled in this process (tools/warm.py first reads
 a small dataset through every order and format, which calls every kernel
 with the types a read passes), so a changed kernel needs no list updated.
 A kernel or type the build did not see still works: the proxy hands it to
-the JIT. Runs in JIT mode only (``SHARDFEED_AOT=0``: it needs the dispatchers).
+the JIT. Runs after ``jit.use_jit()``: it reads numba's dispatchers.
 """
 
 from __future__ import annotations
@@ -32,15 +32,19 @@ _NAMEABLE = re.compile(r"^(bool|u?int(8|16|32|64)|float(32|64)|(readonly )?array
 def exports() -> dict:
     """Kernel name -> [(numba Signature, argument type names)] compiled in this process."""
     out: dict = {}
-    for d in jit.REGISTRY:
-        if isinstance(d, aot.Kernel) or d.targetoptions.get("inline") == "always":
-            continue  # a proxy has no signatures; an always-inlined helper is never called as a function
+    for d in _dispatchers():
+        if d.targetoptions.get("inline") == "always":
+            continue  # an always-inlined helper is never called as a function
         name = f"{d.py_func.__module__}:{d.py_func.__qualname__}"
         for args, cres in d.overloads.items():
             names = [str(a) for a in args]
             if all(_NAMEABLE.match(n) for n in names):
                 out.setdefault(name, []).append((cres.signature, names))
     return out
+
+
+def _dispatchers() -> list:
+    return [k.jitted if isinstance(k, aot.Kernel) else k for k in jit.REGISTRY]
 
 
 def _nogil_flags(base):
@@ -58,8 +62,8 @@ def build(folder: str | None = None) -> tuple[str, int, float]:
     The module and its manifest appear together or not at all: they are
     written to a temporary folder that then replaces ``folder`` by rename."""
     if not jit.jit_in_use():
-        raise RuntimeError("the AOT build needs numba's JIT: run it with SHARDFEED_AOT=0 "
-                           "(python -m shardfeed.tools.warm does)")
+        raise RuntimeError("the AOT build reads numba's dispatchers: call jit.use_jit() and run the "
+                           "kernels first (python -m shardfeed.tools.warm does)")
     import numba.pycc.compiler as pcc
     from numba.pycc import CC
 
@@ -77,7 +81,7 @@ def build(folder: str | None = None) -> tuple[str, int, float]:
         manifest: dict = {}
         n = 0
         for name, sigs in sorted(found.items()):
-            fn = next(d for d in jit.REGISTRY if f"{d.py_func.__module__}:{d.py_func.__qualname__}" == name)
+            fn = next(d for d in _dispatchers() if f"{d.py_func.__module__}:{d.py_func.__qualname__}" == name)
             for sig, names in sigs:
                 sym = f"k{n}"
                 n += 1

@@ -21,10 +21,7 @@ import tarfile
 import tempfile
 import time
 
-# The build needs numba's dispatchers; set before any kernel module is imported.
-os.environ["SHARDFEED_AOT"] = "0"
-
-import numpy as np  # noqa: E402
+import numpy as np
 
 
 def _foreign_tar(path: str) -> None:
@@ -81,10 +78,19 @@ def _kernels_off_the_read_path() -> None:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-aot", action="store_true",
                    help="only fill numba's cache; do not build the compiled kernel module")
+    p.add_argument("--force", action="store_true",
+                   help="build the compiled kernel module even if one for these sources loads already")
 
 
 def main(args: argparse.Namespace | None = None) -> int:
-    args = args or argparse.Namespace(no_aot=False)
+    from shardfeed.formats import aot, jit
+
+    args = args or argparse.Namespace(no_aot=False, force=False)
+    if not args.no_aot and not args.force and aot.load(jit.aot_dir(), jit.KEY) is not None:
+        print(f"shardfeed: the compiled kernels for these sources are ready in {jit.aot_dir()} "
+              "(--force builds them again)", flush=True)
+        return 0
+    jit.use_jit()  # the build reads the signatures numba's dispatchers compile during the reads below
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="shardfeed-warm-") as folder:
         n = warm(folder)
