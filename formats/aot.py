@@ -48,7 +48,7 @@ def fingerprint(a):
     """numba's name for the type ``numba.typeof(a)``, or None where this cannot tell."""
     t = type(a)
     if t is np.ndarray or (isinstance(a, np.ndarray) and not isinstance(a, np.ma.MaskedArray)):
-        k = (a.dtype, a.ndim, a.flags.num & (_C | _F | _W))
+        k = (a.dtype, a.ndim, a.flags.num & _CFW)
         s = _arrays.get(k)
         if s is None:
             s = _arrays[k] = _array_name(*k)
@@ -57,6 +57,29 @@ def fingerprint(a):
         n = a.bit_length()
         return "int64" if n < 64 else "uint64" if n == 64 and a >= 0 else None
     return _SCALARS.get(t)
+
+
+_CFW = _C | _F | _W
+
+
+def fingerprints(args) -> tuple:
+    """``tuple(map(fingerprint, args))``, inlined for the common types: this runs on every call."""
+    out = []
+    add = out.append
+    arrays = _arrays
+    for a in args:
+        t = type(a)
+        if t is np.ndarray:
+            s = arrays.get((a.dtype, a.ndim, a.flags.num & _CFW))
+            add(s if s is not None else fingerprint(a))
+        elif t is int and -_I63 < a < _I63:
+            add("int64")
+        else:
+            add(fingerprint(a))
+    return tuple(out)
+
+
+_I63 = 1 << 63
 
 
 def file_digest(data: bytes) -> str:
@@ -139,7 +162,7 @@ class Kernel:
 
     def __call__(self, *args):
         if self.jitted is None:
-            f = self.variants.get(tuple(map(fingerprint, args)))
+            f = self.variants.get(fingerprints(args))
             if f is not None:
                 return f(*args)
             from shardfeed.formats import jit

@@ -127,12 +127,14 @@ def test_shardfeed_aot_0_forces_the_jit(both_paths):
 def test_fingerprint_is_numbas_type_name(value):
     numba = pytest.importorskip("numba")
     assert aot.fingerprint(value) == str(numba.typeof(value))
+    assert aot.fingerprints([value, value]) == (aot.fingerprint(value),) * 2  # the per-call fast path
 
 
-@pytest.mark.parametrize("value", [np.zeros(3, ">i8"), np.zeros(2, object), np.zeros(2, "U3"), 2**64, -2**64,
+@pytest.mark.parametrize("value", [np.zeros(3, ">i8"), np.zeros(2, object), np.zeros(2, "U3"), 2**64, -2**64, -2**63,
                                    "text", None, (1, 2), np.ma.masked_array([1, 2])])
 def test_fingerprint_declines_types_it_cannot_name(value):
     assert aot.fingerprint(value) is None
+    assert aot.fingerprints([value]) == (None,)
 
 
 def _copy(folder, tmp_path):
