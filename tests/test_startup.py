@@ -42,7 +42,7 @@ def test_a_first_batch_imports_neither_pandas_nor_pyarrow_compute(tmp_path, fmt)
     pa.array([2**64 - 1], pa.uint64()), pa.array([-3, 4], pa.int16()), pa.array([[1, 2], [3]]).offsets,
     pa.array([[1, 2], [3], [4, 5, 6]]).slice(1).offsets, pa.chunked_array([pa.array([7], pa.int32())]),
     pa.chunked_array([pa.array([1], pa.int8()), pa.array([2, 3], pa.int8())]),
-    pa.array([True, False]), pa.array([1, None], pa.int64()).fill_null(0),
+    pa.array([0.25, 1e300], pa.float64()), pa.array([1, None], pa.int64()).fill_null(0),
 ])
 def test_as_numpy_is_to_numpy(arr):
     got, want = as_numpy(arr), arr.to_numpy()
