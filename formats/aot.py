@@ -174,6 +174,14 @@ class Kernel:
     def __repr__(self) -> str:
         return f"<shardfeed kernel {self.name} ({len(self.variants)} compiled signatures)>"
 
+    def __reduce__(self):
+        # by name, as numba pickles a dispatcher: the compiled module is not importable by its own name
+        return _kernel, (self.py_func.__module__, self.py_func.__qualname__)
+
+
+def _kernel(module: str, qualname: str):
+    return getattr(importlib.import_module(module), qualname)
+
 
 DEFERRED: list = []
 
