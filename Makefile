@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 	fi
 	@echo "setup: installing shardfeed (editable) with its test extras into $(VENV)"
 	@$(PY) -m pip install --disable-pip-version-check -q -e ".[test]"
-	@echo "setup: compiling shardfeed's jitted kernels once (numba keeps them in a cache)"
+	@echo "setup: compiling shardfeed's kernels once (numba's cache, then a module that loads without numba; about a minute)"
 	@$(PY) -m shardfeed.tools.warm
 	@touch $(STAMP)
 	@echo "setup: $(VENV) is ready"

@@ -1,4 +1,4 @@
-"""Raw memory primitives for the jitted batch gather (numba intrinsics).
+"""Raw memory primitives for the jitted batch gather (numba intrinsics, in intrinsics.py).
 
 Why these exist: numba compiles ``dst[a:b] = src[c:d]`` for uint8 arrays into
 a checked element loop that first copies the source aside when the arrays
@@ -14,6 +14,10 @@ shard: numba's per-call type dispatch costs about 1 us per argument.
 no Python call per sample. It is checked against ``xxh3_64_intdigest`` at
 first use; if the symbol is missing or disagrees, it is 0 and callers hash in
 Python instead. Nothing here checks bounds: callers do, before every access.
+
+The intrinsics are defined in intrinsics.py, which imports numba: while the
+compiled kernel module serves (formats/jit.py), the names here are
+placeholders that ``jit.use_jit`` resolves, so reading never imports numba.
 """
 
 from __future__ import annotations
@@ -23,48 +27,14 @@ import glob
 import os
 
 import xxhash
-from llvmlite import ir
-from numba.core import cgutils, types
-from numba.extending import intrinsic
 
+from shardfeed.formats.jit import deferred
 
-@intrinsic
-def copy(typingctx, dst, src, n):
-    """memcpy(dst address, src address, n bytes)."""
-    sig = types.void(types.intp, types.intp, types.intp)
-
-    def codegen(context, builder, signature, args):
-        p8 = ir.IntType(8).as_pointer()
-        cgutils.raw_memcpy(builder, builder.inttoptr(args[0], p8), builder.inttoptr(args[1], p8), args[2], 1)
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-@intrinsic
-def load_i64(typingctx, addr, i):
-    """The int64 at ``addr + 8*i``."""
-    sig = types.int64(types.intp, types.intp)
-
-    def codegen(context, builder, signature, args):
-        p = builder.inttoptr(args[0], ir.IntType(64).as_pointer())
-        return builder.load(builder.gep(p, [args[1]]))
-
-    return sig, codegen
-
-
-@intrinsic
-def call_hash(typingctx, fn, addr, n):
-    """``uint64 fn(const void *addr, size_t n)`` called through its address."""
-    sig = types.uint64(types.intp, types.intp, types.intp)
-
-    def codegen(context, builder, signature, args):
-        i64, p8 = ir.IntType(64), ir.IntType(8).as_pointer()
-        fnty = ir.FunctionType(i64, [p8, i64])
-        f = builder.inttoptr(args[0], fnty.as_pointer())
-        return builder.call(f, [builder.inttoptr(args[1], p8), args[2]])
-
-    return sig, codegen
+_INTRINSICS = "shardfeed.formats.intrinsics"
+copy = deferred(_INTRINSICS, "copy")
+load_i64 = deferred(_INTRINSICS, "load_i64")
+call_hash = deferred(_INTRINSICS, "call_hash")
+call_preadv = deferred(_INTRINSICS, "call_preadv")
 
 
 _HASH_FN: int | None = None
@@ -94,24 +64,10 @@ def _find_xxh3() -> int:
     return 0
 
 
-@intrinsic
-def call_preadv(typingctx, fn, fd, iov, count, offset):
-    """``ssize_t preadv(int fd, const struct iovec *iov, int count, off_t offset)`` through its address."""
-    sig = types.int64(types.intp, types.int64, types.intp, types.int64, types.int64)
-
-    def codegen(context, builder, signature, args):
-        i64, i32, p8 = ir.IntType(64), ir.IntType(32), ir.IntType(8).as_pointer()
-        fnty = ir.FunctionType(i64, [i32, p8, i32, i64])
-        f = builder.inttoptr(args[0], fnty.as_pointer())
-        return builder.call(f, [builder.trunc(args[1], i32), builder.inttoptr(args[2], p8),
-                                builder.trunc(args[3], i32), args[4]])
-
-    return sig, codegen
-
-
 def preadv_fn() -> int:
     """Address of libc's preadv, or 0 where there is none (reads then copy from the mapping)."""
     try:
         return ctypes.cast(ctypes.CDLL(None).preadv, ctypes.c_void_p).value or 0
     except (OSError, AttributeError):
         return 0
+

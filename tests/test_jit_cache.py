@@ -12,8 +12,6 @@ import shutil
 import subprocess
 import sys
 
-import numba
-
 from shardfeed.formats import jit
 
 
@@ -33,11 +31,14 @@ def test_key_changes_when_any_kernel_module_changes(tmp_path):
 
 
 def test_the_cache_folder_is_the_keyed_one():
-    if os.environ.get("NUMBA_CACHE_DIR"):
-        assert numba.config.CACHE_DIR == os.environ["NUMBA_CACHE_DIR"]
-    else:
-        assert numba.config.CACHE_DIR == jit.cache_dir()
-        assert os.path.basename(jit.cache_dir()) == jit.source_key(jit._package_dirs())
+    # in a process on numba's JIT: with the compiled kernel module, this one may never configure numba
+    code = ("import shardfeed.shuffling, numba; from shardfeed.formats import jit; "
+            "print(numba.config.CACHE_DIR); print(jit.cache_dir())")
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    out = subprocess.run([sys.executable, "-c", code], env=dict(env, SHARDFEED_AOT="0"), capture_output=True,
+                         text=True, check=True).stdout.split()
+    assert out[0] == out[1] == jit.cache_dir()
+    assert os.path.basename(jit.cache_dir()) == jit.source_key(jit._package_dirs())
 
 
 def test_a_user_choice_of_cache_folder_wins(tmp_path):

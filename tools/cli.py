@@ -25,6 +25,7 @@ COMMANDS = {
     "audit": ("shardfeed.tools.audit", "merge ranks' delivery records; report missed, repeated, padded samples"),
     "train": ("shardfeed.tools.train.command", "the reference DDP trainer on local CPU ranks or under torchrun"),
     "demo": ("shardfeed.tools.train.demo", "build a small dataset, shard it and read it back"),
+    "warm": ("shardfeed.tools.warm", "compile the kernels once, so fresh processes start fast"),
 }
 
 

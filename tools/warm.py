@@ -1,15 +1,20 @@
-"""`python -m shardfeed.tools.warm`: compile shardfeed's jitted kernels once.
+"""`shardfeed warm` (or `python -m shardfeed.tools.warm`): compile shardfeed's kernels once.
 
-numba compiles each kernel the first time a process calls it and keeps the
-machine code in a cache folder keyed by the sources (formats/jit.py), so only
-the first run after installing or upgrading pays for it. `make` runs this
-right after installing, so that cost is a set-up step, not the first epoch of
-a user's first job: it reads a tiny dataset written here through every
-shuffle order and the foreign-tar scanner, which calls every kernel once.
+Without this step every fresh process (and every worker) pays numba's set-up,
+about 0.5 s, on its first batch, and the very first run after installing or
+upgrading also compiles every kernel (seconds). `make venv` runs it right
+after installing, so both are a set-up step rather than the first epoch of a
+user's job. It reads a tiny dataset written here through every shuffle order,
+format and read mode, and scans a foreign tar, under numba's JIT (which fills
+numba's cache), then compiles every signature those reads used into one
+extension module (formats/aot_build.py) that later processes load instead of
+numba. Without a C compiler the second part fails and says so: reads then
+use numba's JIT as before.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import tarfile
@@ -35,22 +40,57 @@ def warm(folder: str) -> int:
     from shardfeed.formats import ShardWriter, open_index
     from shardfeed.loader import Loader, ShardDataset
 
-    root = os.path.join(folder, "ds")
-    with ShardWriter(root, max_shard_samples=8) as w:
-        for i in range(32):
-            w.write({"__key__": f"{i:04d}", "cls": i % 4, "bin": bytes([i]) * 16,
-                     "npy": np.full(4, i, np.uint16)})
     n = 0
-    for order in ("none", "shard", "block", "global"):
-        with Loader(ShardDataset(root, shuffle=order, seed=0), 8) as loader:
-            n += sum(len(b["__key__"]) for b in loader)
+    for fmt in ("tar", "parquet", "arrow"):
+        root = os.path.join(folder, fmt)
+        with ShardWriter(root, format=fmt, max_shard_samples=8) as w:
+            for i in range(32):
+                w.write({"__key__": f"{i:04d}", "cls": i % 4, "bin": bytes([i]) * 16,
+                         "npy": np.full(4, i, np.uint16)})
+        modes = ("pread", "mmap") if fmt == "tar" else ("pread",)
+        for mode in modes:
+            for order in ("none", "shard", "block", "global"):
+                with Loader(ShardDataset(root, shuffle=order, seed=0, read_mode=mode), 8) as loader:
+                    n += sum(len(b["__key__"]) for b in loader)
     tar = os.path.join(folder, "foreign.tar")
     _foreign_tar(tar)
     n += open_index(tar).num_samples
+    _kernels_off_the_read_path()
     return n
 
 
-def main() -> int:
+def _kernels_off_the_read_path() -> None:
+    """The kernels a plain read does not reach, called through their public APIs."""
+    from shardfeed.shuffling import locality
+    from shardfeed.shuffling.cache_sim import simulate
+    from shardfeed.shuffling.permutation import Permutation
+
+    p = Permutation(100, 7)
+    p.index(p.take(np.arange(10)))
+    _ = p[3]
+    for policy in ("belady", "lru"):
+        simulate([10, 20, 30], np.array([0, 1, 2, 0, 1], np.int64), 40, policy)
+    z = np.zeros(4, np.int64)
+    one = np.ones(1, np.int64)
+    locality.assign(z, np.array([4], np.int64), one, np.array([4], np.int64), np.zeros(1, np.int64), 1)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-aot", action="store_true",
+                   help="only fill numba's cache; do not build the compiled kernel module")
+    p.add_argument("--force", action="store_true",
+                   help="build the compiled kernel module even if one for these sources loads already")
+
+
+def main(args: argparse.Namespace | None = None) -> int:
+    from shardfeed.formats import aot, jit
+
+    args = args or argparse.Namespace(no_aot=False, force=False)
+    if not args.no_aot and not args.force and aot.load(jit.aot_dir(), jit.KEY) is not None:
+        print(f"shardfeed: the compiled kernels for these sources are ready in {jit.aot_dir()} "
+              "(--force builds them again)", flush=True)
+        return 0
+    jit.use_jit()  # the build reads the signatures numba's dispatchers compile during the reads below
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="shardfeed-warm-") as folder:
         n = warm(folder)
@@ -58,8 +98,23 @@ def main() -> int:
 
     print(f"shardfeed: jitted kernels ready in {time.perf_counter() - t0:.1f} s "
           f"({n} samples read; cache {numba.config.CACHE_DIR})", flush=True)
+    if args.no_aot:
+        return 0
+    from shardfeed.formats import aot_build
+
+    try:
+        path, count, secs = aot_build.build()
+    except Exception as e:  # noqa: BLE001 - e.g. no C compiler: the JIT still serves, so say so and go on
+        print(f"shardfeed: could not build the compiled kernels ({type(e).__name__}: {str(e)[:300]}); "
+              "reads use numba's JIT instead (about 0.5 s more per fresh process). Install a C compiler "
+              "(gcc) and run `shardfeed warm` again to make start-up fast.", file=sys.stderr, flush=True)
+        return 0
+    print(f"shardfeed: compiled {count} kernel signatures in {secs:.1f} s into {path} "
+          f"({os.path.getsize(path) / 1e6:.1f} MB); fresh processes now start without numba", flush=True)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    p = argparse.ArgumentParser(prog="python -m shardfeed.tools.warm", description=__doc__.splitlines()[0])
+    add_arguments(p)
+    sys.exit(main(p.parse_args()))
