@@ -34,6 +34,7 @@ from shardfeed.formats import decompressed
 from shardfeed.formats.errors import ShardError
 from shardfeed.formats.kernels import copy_ranges
 from shardfeed.formats.readers import ColumnarShardReader
+from shardfeed.formats.sidecar import as_numpy
 
 KEY = "__key__"
 
@@ -126,14 +127,20 @@ class Decoded:
                 # numpy only when it is what a column of any subset of rows
                 # gives (no nulls: those make ints floats); else take per batch
                 try:
-                    values = col.to_numpy() if col.null_count == 0 else None
+                    values = as_numpy(col) if col.null_count == 0 else None
                 except (pa.ArrowException, TypeError, ValueError):
                     values = None
                 self.typed[name] = values if values is not None and values.dtype != object else None
 
     def typed_rows(self, name: str, rows: np.ndarray):
         values = self.typed[name]
-        return values[rows] if values is not None else self.table.column(name).take(pa.array(rows))
+        return values[rows] if values is not None else self.table.column(name).take(_indices(rows))
+
+
+def _indices(rows: np.ndarray) -> pa.Array:
+    # pa.array(ndarray) imports pandas (~0.3 s of a fresh process's first batch)
+    rows = np.ascontiguousarray(rows, np.int64)
+    return pa.Array.from_buffers(pa.int64(), len(rows), [None, pa.py_buffer(rows)])
 
 
 class _Listed(list):
@@ -158,9 +165,9 @@ class Rows:
             for dec, rows, sel in self.segments:
                 out[sel] = dec.keys[rows]
             return _Listed(out.tolist())
-        parts = [(sel, dec.table.column(name).take(pa.array(rows))) for dec, rows, sel in self.segments]
+        parts = [(sel, dec.table.column(name).take(_indices(rows))) for dec, rows, sel in self.segments]
         order = np.argsort(np.concatenate([sel for sel, _ in parts]), kind="stable")
-        return pa.chunked_array([c for _, c in parts]).take(pa.array(order))
+        return pa.chunked_array([c for _, c in parts]).take(_indices(order))
 
 
 class ColumnarView:
@@ -231,15 +238,16 @@ def binary_parts(col: pa.ChunkedArray | pa.Array):
         arr = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
     else:
         arr = col
-    if pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type):
-        arr = arr.cast(pa.large_binary() if pa.types.is_large_string(arr.type) else pa.binary())
-    _, offs, data = arr.buffers()
-    odt = np.int64 if pa.types.is_large_binary(arr.type) else np.int32
+    # a string column's buffers are laid out as binary's: read them as they are
+    # (a cast would import pyarrow.compute, ~0.1 s of a fresh process's first batch)
+    valid, offs, data = arr.buffers()
+    odt = np.int64 if pa.types.is_large_binary(arr.type) or pa.types.is_large_string(arr.type) else np.int32
     offsets = np.frombuffer(offs, odt)[arr.offset:arr.offset + len(arr) + 1].astype(np.int64)
     data_np = np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
     sizes = np.diff(offsets)
     if arr.null_count:
-        sizes[np.asarray(arr.is_null())] = -1
+        bits = np.unpackbits(np.frombuffer(valid, np.uint8), bitorder="little")
+        sizes[bits[arr.offset:arr.offset + len(arr)] == 0] = -1
     return data_np, offsets[:-1], sizes
 
 
@@ -251,7 +259,7 @@ def typed_column(parts, n):
             arrays.append((prow, col))
             continue
         try:
-            arrays.append((prow, col.to_numpy()))
+            arrays.append((prow, as_numpy(col)))
         except (pa.ArrowException, TypeError, ValueError):
             arrays.append((prow, np.array(col.to_pylist(), dtype=object)))
     dtype = np.result_type(*[a.dtype for _, a in arrays]) if arrays else np.int64

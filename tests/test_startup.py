@@ -25,7 +25,7 @@ print(json.dumps({{"keys": len(keys), "modules": [m for m in ("pandas", "pyarrow
 """
 
 
-@pytest.mark.parametrize("fmt", ["tar"])  # Parquet's row take (formats/columns.py) still imports both
+@pytest.mark.parametrize("fmt", ["tar", "parquet", "arrow"])
 def test_a_first_batch_imports_neither_pandas_nor_pyarrow_compute(tmp_path, fmt):
     root = str(tmp_path / "ds")
     with ShardWriter(root, format=fmt, max_shard_samples=10) as w:
