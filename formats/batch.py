@@ -32,7 +32,7 @@ import xxhash
 
 from shardfeed.formats import columns
 from shardfeed.formats.errors import ReadError, ShardError
-from shardfeed.formats.kernels import parse_ints, tar_gather, tar_sizes, warm
+from shardfeed.formats.kernels import FD, parse_ints, tar_gather, tar_sizes, warm
 from shardfeed.formats.native import hash_fn, preadv_fn
 from shardfeed.formats.open_shards import MAX_OPEN_SHARDS, OpenShards, TarView
 from shardfeed.formats.read_modes import FAULT_AROUND, MAPPED_BUDGET_BYTES, READ_MODES, check_read_mode
@@ -197,11 +197,14 @@ class BatchReader:
         """The steady state in a few numpy calls: every shard of the batch is an
         open tar shard and nothing fails. None otherwise (a shard to open, a
         columnar shard, any error: the general path then reads the batch and
-        raises or skips as it says). No pins: nothing can close a shard during
-        this read (no cache; eviction runs between reads)."""
+        raises or skips as it says). No pins: nothing can close a file-backed
+        shard during this read (no cache; eviction runs between reads)."""
         shards = self.shards
         slot = shards.slot_of[shard]
-        if int(slot.min()) < 0:
+        table = shards.table
+        if int(slot.min()) < 0 or int(table[slot, FD].min()) < 0:
+            # a shard to open, or a decompressed one in memory: another reader's
+            # decompression may reclaim an unpinned one (decompressed.py), so those are read pinned
             return None
         uniq = np.unique(shard).tolist()
         if not self._io_fn:  # copied from mappings: a shard truncated since opened would be SIGBUS
@@ -211,7 +214,6 @@ class BatchReader:
         n = len(ids)
         tsz = np.empty(n, np.int64)
         ksz = np.empty(n, np.int64)
-        table = shards.table
         if tar_sizes(table, slot, local, tsz, ksz) >= 0:
             return None
         dst_pos = np.empty(n + 1, np.int64)
