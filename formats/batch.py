@@ -241,7 +241,7 @@ class BatchReader:
         if self._mapped > self.mapped_budget:
             self.release_pages()
         fields = self._fields(fstart, fsize, {}, set(), n)
-        return RawBatch(ids, None, buf[:total], fields, shard, [], total, kbuf[:-1].tobytes())
+        return RawBatch(ids.copy(), None, buf[:total], fields, shard, [], total, kbuf[:-1].tobytes())
 
     def _groups(self, shard, keep, errors, held):
         """(slot of each sample: tar slot, -1 columnar, -2 left out; [(columnar view, rows)]),
