@@ -32,7 +32,7 @@ import xxhash
 
 from shardfeed.formats import columns
 from shardfeed.formats.errors import ReadError, ShardError
-from shardfeed.formats.kernels import parse_ints, tar_gather, tar_sizes, warm
+from shardfeed.formats.kernels import FD, parse_ints, tar_gather, tar_sizes, warm
 from shardfeed.formats.native import hash_fn, preadv_fn
 from shardfeed.formats.open_shards import MAX_OPEN_SHARDS, OpenShards, TarView
 from shardfeed.formats.read_modes import FAULT_AROUND, MAPPED_BUDGET_BYTES, READ_MODES, check_read_mode
@@ -42,6 +42,17 @@ __all__ = ["BatchReader", "FAULT_AROUND", "MAPPED_BUDGET_BYTES", "MAX_OPEN_SHARD
 
 _MAX_IOV = 512  # under IOV_MAX (1024 on Linux)
 _JUNK_BYTES = 64 << 10
+
+
+_ARANGE = np.arange(0, dtype=np.int64)
+
+
+def _arange(n: int) -> np.ndarray:
+    """0..n-1, from one cached array (the rows of a batch read in order)."""
+    global _ARANGE
+    if len(_ARANGE) < n:
+        _ARANGE = np.arange(max(n, 2 * len(_ARANGE)), dtype=np.int64)
+    return _ARANGE[:n]
 
 
 @dataclass
@@ -163,8 +174,12 @@ class BatchReader:
             raise IndexError(f"sample ids must lie in 0..{n_total - 1}, got {int(ids.min())}..{int(ids.max())}")
         errors: list[ReadError] = []
         shard, local = self.index.locate(ids)
-        keep = np.ones(len(ids), np.bool_)
         alloc = alloc or (lambda n: np.empty(n, np.uint8))
+        if ids.size and self.shards.path_of is None:
+            batch = self._read_open(ids, shard, local, alloc)
+            if batch is not None:
+                return batch
+        keep = np.ones(len(ids), np.bool_)
         held: list[int] = []  # shards pinned by this read, once per pin
         try:
             slot, groups = self._groups(shard, keep, errors, held)
@@ -177,6 +192,56 @@ class BatchReader:
             for s in held:
                 self.shards.unpin(s)
             self.shards.evict()  # only between reads: a read may need more than max_open shards at once
+
+    def _read_open(self, ids, shard, local, alloc) -> RawBatch | None:
+        """The steady state in a few numpy calls: every shard of the batch is an
+        open tar shard and nothing fails. None otherwise (a shard to open, a
+        columnar shard, any error: the general path then reads the batch and
+        raises or skips as it says). No pins: nothing can close a file-backed
+        shard during this read (no cache; eviction runs between reads)."""
+        shards = self.shards
+        slot = shards.slot_of[shard]
+        table = shards.table
+        if int(slot.min()) < 0 or int(table[slot, FD].min()) < 0:
+            # a shard to open, or a decompressed one in memory: another reader's
+            # decompression may reclaim an unpinned one (decompressed.py), so those are read pinned
+            return None
+        uniq = np.unique(shard).tolist()
+        if not self._io_fn:  # copied from mappings: a shard truncated since opened would be SIGBUS
+            views = shards.views
+            if any(views[s].short() for s in uniq):
+                return None
+        n = len(ids)
+        tsz = np.empty(n, np.int64)
+        ksz = np.empty(n, np.int64)
+        if tar_sizes(table, slot, local, tsz, ksz) >= 0:
+            return None
+        dst_pos = np.empty(n + 1, np.int64)
+        dst_pos[0] = 0
+        np.cumsum(tsz, out=dst_pos[1:])
+        kpos = np.empty(n + 1, np.int64)
+        kpos[0] = 0
+        ksz += 1
+        np.cumsum(ksz, out=kpos[1:])
+        total = int(dst_pos[-1])
+        buf = alloc(total)
+        nf = len(self.field_ids)
+        fstart = np.full((nf, n), -1, np.int64)
+        fsize = np.full((nf, n), -1, np.int64)
+        kbuf = np.empty(int(kpos[-1]), np.uint8)
+        bad = np.zeros(n, np.bool_)
+        hfn = self._hash_fn if self.verify else 0
+        nbad, err, _ = tar_gather(table, slot, local, _arange(n), buf, dst_pos, fstart, fsize, kbuf, kpos, hfn, bad,
+                                  self._io_fn, self._iov, self._junk)
+        if err or nbad or (self.verify and not hfn):
+            return None
+        shards.use(uniq)
+        if not self._io_fn and self.read_mode == "pread":  # fallback copied from the mapping: bound its RSS
+            self._mapped += total + FAULT_AROUND * n
+        if self._mapped > self.mapped_budget:
+            self.release_pages()
+        fields = self._fields(fstart, fsize, {}, set(), n)
+        return RawBatch(ids.copy(), None, buf[:total], fields, shard, [], total, kbuf[:-1].tobytes())
 
     def _groups(self, shard, keep, errors, held):
         """(slot of each sample: tar slot, -1 columnar, -2 left out; [(columnar view, rows)]),
@@ -345,12 +410,15 @@ class BatchReader:
         fields: dict = {}
         # only the fields some sample of this batch has, found in one pass: a loop
         # over every field ever seen made reading quadratic in distinct field names
-        present = np.flatnonzero((fsize >= 0).any(axis=1)).tolist() if fsize.size else []
-        for f in sorted(set(present) | {self.field_ids[t] for t in typed if t in self.field_ids}):
+        has = (fsize >= 0).any(axis=1) if fsize.size else np.zeros(len(fsize), np.bool_)
+        present = np.flatnonzero(has).tolist()
+        if typed:
+            present = sorted(set(present) | {self.field_ids[t] for t in typed if t in self.field_ids})
+        for f in present:
             name = names[f]
             if name in typed:
                 fields[name] = ("array", columns.typed_column(typed[name], n))
-            elif (fsize[f] >= 0).any():
+            elif has[f]:
                 fields[name] = ("text" if name in text_fields else "bytes", fstart[f], fsize[f])
         for name, parts in typed.items():
             if name not in fields:

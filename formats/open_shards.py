@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import mmap
 import os
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
@@ -174,6 +174,9 @@ class OpenShards:
         self._retired: dict[int, TarView | ColumnarView] = {}  # bad but pinned: closed at the last unpin
         self._bad: dict[int, str] = {}  # shards found unreadable: reason
         self._touched: set[int] = set()  # tar shards read from since release_pages
+        # slot of each open tar shard by shard number (-1: not an open tar view):
+        # lets a batch whose shards are all open find its slots in one numpy call
+        self.slot_of = np.full(len(index), -1, np.int64)
         decompressed.add_reclaimer(self.reclaim)
 
     @property
@@ -192,6 +195,8 @@ class OpenShards:
                              "current one (same names, sample counts and hashes): a grown index only adds shards "
                              "after the old ones; open a new BatchReader for a different dataset")
         self.index = index
+        if len(index) > len(self.slot_of):
+            self.slot_of = np.concatenate([self.slot_of, np.full(len(index) - len(self.slot_of), -1, np.int64)])
 
     # -- open, pin, close -------------------------------------------------
     def get(self, s: int) -> TarView | ColumnarView:
@@ -223,7 +228,18 @@ class OpenShards:
                 self.release(s)
             raise
         self.views[s] = v
+        if isinstance(v, TarView):
+            self.slot_of[s] = v.slot
         return v
+
+    def _pop_view(self, s: int):
+        self.slot_of[s] = -1
+        return self.views.pop(s, None)
+
+    def use(self, shards: list) -> None:
+        """Mark open shards as just used (LRU order, pages touched), as ``get`` does."""
+        deque(map(self.views.move_to_end, shards), 0)
+        self._touched.update(shards)
 
     def pin(self, s: int) -> TarView | ColumnarView:
         """Shard ``s``'s view, opened if need be, held open until as many ``unpin(s)``."""
@@ -279,7 +295,7 @@ class OpenShards:
 
     def _drop_view(self, s: int) -> None:
         # a pinned view stays usable by its holder and is closed at its last unpin
-        v = self.views.pop(s, None)
+        v = self._pop_view(s)
         if v is None:
             return
         if s in self._pins:
@@ -295,7 +311,7 @@ class OpenShards:
             if nbytes <= 0:
                 return
             nbytes -= self.views[s].reader.budget_bytes
-            self._close(s, self.views.pop(s))
+            self._close(s, self._pop_view(s))
 
     def evict(self) -> None:
         """Close the least recently used unpinned shards while more than ``max_open`` are open."""
@@ -303,7 +319,7 @@ class OpenShards:
         if excess <= 0:
             return
         for s in [s for s in self.views if s not in self._pins][:excess]:
-            self._close(s, self.views.pop(s))
+            self._close(s, self._pop_view(s))
 
     def _close(self, s: int, v) -> None:
         if isinstance(v, TarView):
@@ -321,6 +337,7 @@ class OpenShards:
         self._pins.clear()
         while self._retired:
             self._close(*self._retired.popitem())
+        self.slot_of[:] = -1
         while self.views:
             self._close(*self.views.popitem())
 

@@ -112,17 +112,28 @@ class EpochFeed(Feed):
         self.fingerprint = dict(fingerprint or {})
         self.epoch, self.step, self.history = int(epoch), 0, ()
         self._cache: tuple | None = None
+        self._jobs: tuple | None = None  # (epoch, stage, job) of the last epoch asked about
         self.job(self.epoch)  # check the batch sizes against the world size now
 
     # -- the job and plan of an epoch -------------------------------------
+    def _stage_job(self, epoch: int) -> tuple[Stage, Job]:
+        # next() asks for the stage and job several times per step: building
+        # and validating a Job each time cost ~10 us a step, so the last
+        # epoch's pair is kept (a schedule is a function of the epoch)
+        got = self._jobs
+        if got is None or got[0] != epoch:
+            stage = self.schedule.at(epoch)
+            w = self.world_size
+            got = self._jobs = (epoch, stage, Job(w, tuple(stage.rank_batch(r, w) for r in range(w)),
+                                                  self.ranks_per_node))
+        return got[1], got[2]
+
     def stage(self, epoch: int | None = None) -> Stage:
-        return self.schedule.at(self.epoch if epoch is None else epoch)
+        return self._stage_job(self.epoch if epoch is None else epoch)[0]
 
     def job(self, epoch: int | None = None) -> Job:
         """The job this process is part of in ``epoch``: one batch size per rank."""
-        stage = self.stage(epoch)
-        w = self.world_size
-        return Job(w, tuple(stage.rank_batch(r, w) for r in range(w)), self.ranks_per_node)
+        return self._stage_job(self.epoch if epoch is None else epoch)[1]
 
     def plan(self, epoch: int | None = None, history=None) -> EpochPlan:
         epoch = self.epoch if epoch is None else epoch
@@ -158,12 +169,13 @@ class EpochFeed(Feed):
 
     def next(self) -> WorkItem:
         plan = self.plan()
-        bs = self.batch_size()
+        stage, job = self._stage_job(self.epoch)
+        bs = job.batch_size(self.rank)
         if self.step >= plan.steps(bs):
             raise StopIteration
         s = self.step
         self.step += 1
-        return WorkItem(self.epoch, s, plan, s * bs, min(plan.num_samples, (s + 1) * bs), self.stage(),
+        return WorkItem(self.epoch, s, plan, s * bs, min(plan.num_samples, (s + 1) * bs), stage,
                         self.get_state())
 
     def get_state(self) -> dict:

@@ -216,11 +216,8 @@ class Loader:
     def _account(self, info: dict, resumed: float, t1: float) -> None:
         st = self._stats
         now = time.perf_counter()
-        st.wait_s += now - resumed  # from the consumer asking for a batch to having it
-        st.transfer_s += now - t1
-        st.samples += info["samples"]
-        st.batches += 1
-        st.add_info(info, self.policy.report(info["errors"]) if info["errors"] else 0)
+        # wait: from the consumer asking for a batch to having it
+        st.add_batch(info, now - resumed, now - t1, self.policy.report(info["errors"]) if info["errors"] else 0)
         if self._cache is not None:
             st.add_cache(self._cache.take())  # this process's fetches (the prefetcher's)
 

@@ -109,6 +109,26 @@ class LoaderStats:
             if self.started is not None:  # an iteration still running: its time so far stays out of this epoch
                 self.epoch.elapsed_s = -(time.perf_counter() - self.started)
 
+    def add_batch(self, info: dict, wait_s: float, transfer_s: float, skipped: int) -> None:
+        """One delivered batch, in one call: the descriptor per counter costs
+        ~0.7 us each, ~10 us a batch, which a 1M samples/s loop cannot spare."""
+        for c in (self.epoch, self.total):
+            c.wait_s += wait_s
+            c.transfer_s += transfer_s
+            c.samples += info["samples"]
+            c.batches += 1
+            c.read_s += info["read_s"]
+            c.decode_s += info["decode_s"]
+            c.collate_s += info["collate_s"]
+            c.bytes_read += info["bytes"]
+            c.errors_skipped += skipped
+        if "cache" in info:
+            c = info["cache"]
+            self.cache_hits += c["hits"]
+            self.cache_misses += c["misses"]
+            self.fetch_wait_s += c["wait_s"]
+            self.add_cache(c)
+
     def add_info(self, info: dict, skipped: int) -> None:
         self.read_s += info["read_s"]
         self.decode_s += info["decode_s"]
