@@ -2,7 +2,7 @@
 (2 KiB samples, samples/s), and byte fields as bytes / tensor views / a
 jagged tensor (100 KiB samples, MB/s); stored order, 0 and 2 workers.
 
-    python -m shardfeed.tools.bench.payloads [--samples-2k 32768] [--samples-100k 2048] [--repeats 5]
+    shardfeed bench payloads [--samples-2k 32768] [--samples-100k 2048] [--repeats 5] [--out DIR]
 
 Each variant is one Loader kept across epochs (workers stay up, page cache
 warm); epochs of the variants alternate, the first of each is discarded,
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -85,15 +86,28 @@ def _measure(variants: dict, workers: int, repeats: int) -> dict:
     return times
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--samples-2k", type=int, default=32768)
-    p.add_argument("--samples-100k", type=int, default=2048)
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--workers", default="0,2")
-    p.add_argument("--json", help="also write the figures here")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--samples-2k", type=int, default=32768, help="2 KiB samples (default: %(default)s)")
+    p.add_argument("--samples-100k", type=int, default=2048, help="100 KiB samples (default: %(default)s)")
+    p.add_argument("--repeats", type=int, default=5, help="timed epochs per variant (default: %(default)s)")
+    p.add_argument("--workers", default="0,2", help="worker counts, comma-separated (default: %(default)s)")
+    p.add_argument("--quick", action="store_true", help="4,096 x 2 KiB and 256 x 100 KiB, 3 repeats, 0 workers")
+    p.add_argument("--json", help="also write the figures here (default: bench_payloads.json under --out)")
     p.add_argument("--dir", help="folder for the datasets (default: a temporary one, removed)")
-    a = p.parse_args(argv)
+
+
+def main(a: argparse.Namespace | list[str] | None = None) -> int:
+    if not isinstance(a, argparse.Namespace):
+        p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+        add_arguments(p)
+        p.add_argument("--out", help="folder for bench_payloads.json (default: none)")
+        a = p.parse_args(a)
+    if a.quick:
+        a.samples_2k, a.samples_100k, a.repeats, a.workers = 4096, 256, 3, "0"
+    out = getattr(a, "out", None)
+    if out and not a.json:
+        os.makedirs(out, exist_ok=True)
+        a.json = os.path.join(out, "bench_payloads.json")
     tmp = a.dir or tempfile.mkdtemp(prefix="shardfeed-payloads-")
     report = {"rows": []}
     try:
@@ -122,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         if a.json:
             with open(a.json, "w") as f:
                 json.dump(report, f, indent=1)
+        print(f"bench payloads: {len(report['rows'])} variants measured"
+              + (f", figures in {a.json}" if a.json else ""))
     finally:
         if not a.dir:
             shutil.rmtree(tmp, ignore_errors=True)
