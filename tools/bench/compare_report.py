@@ -18,6 +18,8 @@ no steady rate, and a target that needs one is "not judged".
 
 from __future__ import annotations
 
+import os
+
 from shardfeed.tools.bench.report import MIN_BATCHES
 
 KIB100 = 100 * 1024
@@ -182,12 +184,19 @@ def targets_table(items: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _shown(path: str) -> str:
+    """A path as the report shows it: relative to the working folder when inside it,
+    so a published report names no machine's folders."""
+    rel = os.path.relpath(path) if path and os.path.isabs(path) else path
+    return rel if rel and not rel.startswith("..") else path
+
+
 def _versions_line(report: dict) -> str:
     v = report["versions"]
     line = "Versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if k != "mosaicml-streaming")
     pv = report.get("peers_versions")
     if pv and "error" not in pv:
-        line += (f"; mosaicml-streaming {pv.get('mosaicml-streaming')} in its own venv ({report['peers_python']}: "
+        line += (f"; mosaicml-streaming {pv.get('mosaicml-streaming')} in its own venv ({_shown(report['peers_python'])}: "
                  f"torch {pv.get('torch')}, numpy {pv.get('numpy')}; imported from streaming.base, "
                  f"without its torchvision-based example datasets)")
     else:
