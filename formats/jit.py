@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import json
 import logging
 import os
 import sys
@@ -73,8 +74,13 @@ def cache_dir() -> str:
 
 
 def aot_dir() -> str:
-    """Where the compiled module of these sources lives (beside numba's cache)."""
-    return os.path.join(cache_dir(), "aot")
+    """Where the compiled module of these sources lives: beside numba's cache, one folder per
+    Python, numpy and numba install, so several venvs sharing the cache each keep their own
+    (one folder would be rebuilt by each venv in turn, and the others would fall back to the JIT)."""
+    from shardfeed.formats import aot
+
+    env = hashlib.blake2b(json.dumps(aot._versions(), sort_keys=True).encode(), digest_size=6).hexdigest()
+    return os.path.join(cache_dir(), f"aot-{env}")
 
 
 def _configure(numba) -> None:
