@@ -37,6 +37,7 @@ from shardfeed.formats.readers import ColumnarShardReader
 from shardfeed.formats.sidecar import as_numpy
 
 KEY = "__key__"
+_RUN = 8  # rows in a contiguous run taken as stored order (the chance of a random one: nil)
 
 
 class DecodedGroups:
@@ -181,6 +182,7 @@ class ColumnarView:
         self._id = next(_view_ids)
         self._parquet = getattr(reader, "_pf", None) is not None
         self._mapped: dict[int, Decoded] = {}
+        self._behind = 0  # groups below this one were dropped by a stored-order run
 
     def _decoded(self, g: int) -> Decoded:
         got = DECODED.get(self._id, g) if self._parquet else self._mapped.get(g)
@@ -202,6 +204,14 @@ class ColumnarView:
             g0 = int(np.searchsorted(start, local[0], side="right") - 1)  # a stored-order run
             g1 = int(np.searchsorted(start, local[-1], side="right") - 1)
             segments = []
+            if self._parquet and n >= _RUN:
+                # a stored-order run past these groups: a loader worker that takes
+                # every other batch never reads a group's last rows itself, so
+                # without this it kept every group it decoded (fresh memory each).
+                # Not for a short run: a global batch's row or two of a shard
+                for g in range(self._behind, g0):
+                    DECODED.drop_group(self._id, g)
+                self._behind = g0
             for g in range(g0, g1 + 1):
                 sel = np.flatnonzero((local >= start[g]) & (local < start[g + 1])) if g1 > g0 else np.arange(n)
                 segments.append((self._decoded(g), local[sel] - start[g], sel))

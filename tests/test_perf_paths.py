@@ -272,3 +272,32 @@ def test_bench_payloads_runs_every_variant(tmp_path):
     assert {r["variant"] for r in rows} == {"raw uint16 (tokens.uint16)", "npy uint16 (npy)", "plain bytes (bin)",
                                             "bytes_as=bytes", "bytes_as=tensor", "bytes_as=jagged"}
     assert all(r["median"] > 0 for r in rows)
+
+
+def test_parquet_stored_order_every_other_batch_keeps_few_groups(tmp_path):
+    """A loader worker of two reads every other stored-order batch, so it never
+    reads the last rows of a row group itself: groups it has passed are given
+    back all the same (not every decoded group of the shard kept), and each
+    batch is still the samples written."""
+    from shardfeed.formats import ShardWriter
+    from shardfeed.formats.writer import _ColumnarShard
+
+    root = str(tmp_path / "pq")
+    group = _ColumnarShard.ROWS_PER_GROUP
+    n = group * 4
+    with ShardWriter(root, format="parquet") as w:
+        for i in range(n):
+            w.write(labelled_sample(i, payload_bytes=16))
+    reader = BatchReader(open_index(root))
+    step = group // 4
+    try:
+        for start in range(0, n, 2 * step):  # batches 0, 2, 4...: rows [0, q), [2q, 3q), [4q, 5q)...
+            ids = np.arange(start, start + step)
+            raw = reader.read(ids)
+            assert raw.keys == [f"{i:08d}" for i in ids.tolist()]
+            _, starts, sizes = raw.fields["bin"]
+            assert raw.buf[starts[-1]:starts[-1] + sizes[-1]].tobytes() == labelled_sample(int(ids[-1]), 16)["bin"]
+            assert len(DECODED._groups) <= 1
+    finally:
+        reader.close()
+    assert DECODED.nbytes() == 0
