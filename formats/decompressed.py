@@ -64,6 +64,18 @@ def acquire(nbytes: int, path: str, limit: int | None = None) -> int:
         return nbytes
 
 
+def try_acquire(nbytes: int, limit: int | None = None) -> bool:
+    """Count ``nbytes`` if they fit in what is free now, closing nothing
+    (decompress_ahead.py: a guess must never close a shard someone reads)."""
+    global _used
+    limit = LIMIT if limit is None else limit
+    with _lock:
+        if _used + nbytes > limit:
+            return False
+        _used += nbytes
+        return True
+
+
 def release(nbytes: int) -> None:
     global _used
     if nbytes:
