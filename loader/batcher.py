@@ -60,7 +60,8 @@ class BatchMaker:
         # compressed tars in place: decompress the shards of this reader's next batches in a thread
         self.ahead = None
         self.stride = 1  # steps between this reader's batches (its Loader's num_workers)
-        if cached is None and any(f in ("tar.gz", "tar.zst") for f in index.formats):
+        self._compressed = sum(f in ("tar.gz", "tar.zst") for f in index.formats)
+        if cached is None and self._compressed:
             from shardfeed.formats.decompress_ahead import DecompressAhead
 
             self.ahead = DecompressAhead()
@@ -86,12 +87,14 @@ class BatchMaker:
             return
         from shardfeed.formats.decompress_ahead import upcoming
 
-        bs, n = stop - start, plan.num_samples
-        parts = [plan.positions(a, min(n, a + bs)) for a in
-                 (start + k * self.stride * bs for k in range(1, AHEAD_BATCHES + 1)) if a < n]
-        if parts:
-            views = self.reader.shards.views
-            self.ahead.want(upcoming(self.reader.index, np.concatenate(parts), views.__contains__))
+        views = self.reader.shards.views
+        if len(views) >= self._compressed:
+            return  # every compressed shard is open (a random order after its first batches)
+        # one range of positions (other workers' batches in it too): one plan call, ~30 us a batch
+        n = plan.num_samples
+        end = min(n, stop + AHEAD_BATCHES * self.stride * (stop - start))
+        if end > stop:
+            self.ahead.want(upcoming(self.reader.index, plan.positions(stop, end), views.__contains__))
 
     def _read(self, ids, alloc) -> RawBatch:
         """The reader's batch; a cached copy found damaged (checksums, size) is
