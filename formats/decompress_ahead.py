@@ -51,6 +51,17 @@ _live: weakref.WeakSet = weakref.WeakSet()  # instances a read asks (claim)
 _live_lock = threading.Lock()
 
 
+def _forget_in_child() -> None:
+    # a forked child (a Loader worker) has none of the parent's threads: a read
+    # there must never wait for a decompression the parent had in flight
+    global _live, _live_lock
+    _live, _live_lock = weakref.WeakSet(), threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
+
+
 def _stamp(path: str):
     st = os.stat(path)
     return st.st_size, st.st_mtime_ns, st.st_ino
@@ -182,7 +193,7 @@ class DecompressAhead:
                 else:
                     self._sizes[e.path] = n
                     data, state = None, "nofit"
-            except Exception:  # noqa: BLE001 - the read decompresses it again and raises (module docstring)
+            except BaseException:  # noqa: BLE001 - the read decompresses it again and raises (module docstring)
                 data = None
             with self._cv:
                 e.data, e.budget, e.stamp, e.state = data, budget, stamp, state

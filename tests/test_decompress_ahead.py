@@ -167,3 +167,40 @@ def test_one_decompression_per_shard_and_close(datasets):
 def _tar_paths(root):
     index = open_index(root)
     return [index.path(s) for s in range(len(index))]
+
+
+
+def _claim_in_child(path, out):
+    out.put(claim(path))
+
+
+def test_forked_child_does_not_wait_for_the_parents_thread(datasets):
+    # the parent's thread is stuck decompressing shard 1 when a worker forks:
+    # the child has no such thread and must read shard 1 itself, not wait
+    import multiprocessing as mp
+
+    index = open_index(datasets["tar.zst"])
+    go = threading.Event()
+
+    def stuck(path, fmt):
+        go.wait(60)
+        raise OSError("never mind")
+
+    ahead = DecompressAhead(depth=1, load=stuck)
+    ctx = mp.get_context("fork")
+    try:
+        ahead.want([(1, index.path(1), "tar.zst")])
+        while ahead._entries[index.path(1)].state != "running":
+            threading.Event().wait(0.01)
+        out = ctx.Queue()
+        child = ctx.Process(target=_claim_in_child, args=(index.path(1), out))
+        child.start()
+        child.join(30)
+        hung = child.is_alive()
+        if hung:
+            child.kill()
+        assert not hung and out.get(timeout=5) is None
+    finally:
+        go.set()
+        ahead.close()
+    assert not _ahead_threads()
