@@ -8,8 +8,9 @@ the caps alone bound nothing in practice. This budget bounds their total
 that would go over first asks the tables of open shards to close their least
 recently used unpinned compressed shards (``add_reclaimer``); if that frees
 too little (the shards of one batch alone exceed it), opening the shard is a
-ShardError naming the setting. Peak use is the budget plus the one shard
-being decompressed.
+ShardError naming the setting. Peak use is the budget plus the shards being
+decompressed: the one a read needs and the one decompress_ahead.py's thread
+is on (``try_acquire``: it takes only free budget and closes nothing).
 """
 
 from __future__ import annotations
@@ -62,6 +63,18 @@ def acquire(nbytes: int, path: str, limit: int | None = None) -> int:
                                    "shards as plain .tar (memory-mapped, not held)")
         _used += nbytes
         return nbytes
+
+
+def try_acquire(nbytes: int, limit: int | None = None) -> bool:
+    """Count ``nbytes`` if they fit in what is free now, closing nothing
+    (decompress_ahead.py: a guess must never close a shard someone reads)."""
+    global _used
+    limit = LIMIT if limit is None else limit
+    with _lock:
+        if _used + nbytes > limit:
+            return False
+        _used += nbytes
+        return True
 
 
 def release(nbytes: int) -> None:

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 import xxhash
 import zstandard
 
-from shardfeed.formats import decompressed
+from shardfeed.formats import decompress_ahead, decompressed
 from shardfeed.formats.arrow_checksums import check_batch
 from shardfeed.formats.errors import ShardError
 from shardfeed.formats.files import check_regular, open_regular
@@ -197,9 +197,14 @@ class TarShardReader:
             if actual != expected_bytes:
                 raise ShardError(path, f"shard has {actual} bytes but the index says {expected_bytes} "
                                        "(truncated, replaced or index mismatch)")
-        self.data = load_tar_stream(path, fmt)
+        # decompressed ahead by this process's background thread (counted already), or here
+        ahead = decompress_ahead.claim(path) if fmt in ("tar.gz", "tar.zst") else None
+        if ahead is not None:
+            self.data, self.budget_bytes = ahead
+        else:
+            self.data = load_tar_stream(path, fmt)
         try:
-            if not isinstance(self.data, mmap.mmap):
+            if not isinstance(self.data, mmap.mmap) and not self.budget_bytes:
                 self.budget_bytes = decompressed.acquire(len(self.data), path)
             if table is None:
                 try:

@@ -23,6 +23,8 @@ from shardfeed.formats.errors import ReadError
 from shardfeed.loader.collate import Blob, Strs, collate_column, default_collate, gathered_column
 from shardfeed.loader.errors import ErrorPolicy
 
+AHEAD_BATCHES = 8  # of its own next batches whose compressed shards a reader decompresses ahead
+
 
 def _accepts_image_size(fn) -> bool:
     try:
@@ -55,6 +57,14 @@ class BatchMaker:
         self.collate_fn = collate_fn
         self.unsafe = tuple(unsafe)
         self._buf: np.ndarray | None = None
+        # compressed tars in place: decompress the shards of this reader's next batches in a thread
+        self.ahead = None
+        self.stride = 1  # steps between this reader's batches (its Loader's num_workers)
+        self._compressed = sum(f in ("tar.gz", "tar.zst") for f in index.formats)
+        if cached is None and self._compressed:
+            from shardfeed.formats.decompress_ahead import DecompressAhead
+
+            self.ahead = DecompressAhead()
 
     def _scratch(self, n: int) -> np.ndarray:
         # One reused buffer: a fresh one per batch costs a page fault per 4 KiB
@@ -64,9 +74,27 @@ class BatchMaker:
         return self._buf[:n]
 
     def close(self) -> None:
+        if self.ahead is not None:
+            self.ahead.close()
         self.reader.close()
         if self.cached is not None:
             self.cached.close()
+
+    def hint(self, plan, start: int, stop: int) -> None:
+        """This reader's batch is positions ``[start, stop)`` of ``plan``; its
+        next ones are ``stride`` batches apart: start decompressing their shards."""
+        if self.ahead is None or stop <= start:
+            return
+        from shardfeed.formats.decompress_ahead import upcoming
+
+        views = self.reader.shards.views
+        if len(views) >= self._compressed:
+            return  # every compressed shard is open (a random order after its first batches)
+        # one range of positions (other workers' batches in it too): one plan call, ~30 us a batch
+        n = plan.num_samples
+        end = min(n, stop + AHEAD_BATCHES * self.stride * (stop - start))
+        if end > stop:
+            self.ahead.want(upcoming(self.reader.index, plan.positions(stop, end), views.__contains__))
 
     def _read(self, ids, alloc) -> RawBatch:
         """The reader's batch; a cached copy found damaged (checksums, size) is

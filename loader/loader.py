@@ -181,7 +181,10 @@ class Loader:
         """(item, columns, info) made in this process, one step at a time."""
         maker = self._maker or self.dataset.maker(self.collate_fn)
         self._maker = maker
+        hint = getattr(maker, "hint", None)
         for item in feed:
+            if hint is not None:
+                hint(item.plan, item.start, item.stop)
             cols, info = maker.make(item.ids(), item.image_size)
             yield item, cols, info
 
@@ -304,7 +307,10 @@ class MakerFactory:
     def __call__(self):
         if getattr(self.dataset, "cache", None) is not None:  # sizes what each reader keeps pinned
             return self.dataset.maker(self.collate_fn, readers=self.readers)
-        return self.dataset.maker(self.collate_fn)
+        maker = self.dataset.maker(self.collate_fn)
+        if hasattr(maker, "stride"):
+            maker.stride = self.readers  # a worker reads every num_workers-th batch
+        return maker
 
     def warm(self, maker) -> None:
         """Load the jitted gather and this order's permutation before the

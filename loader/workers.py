@@ -81,6 +81,9 @@ def _worker_main(wid: int, make_maker, tasks, results, prefix: str, slots: int, 
             b, start, stop, slot, image_size = msg
             try:
                 ids = plan.positions(start, stop)
+                hint = getattr(maker, "hint", None)
+                if hint is not None:
+                    hint(plan, start, stop)
                 columns, info = maker.make(ids, image_size, alloc=writer.alloc(slot))
                 header = writer.pack(slot, columns)
                 out = ("ok", b, header, info)
