@@ -256,7 +256,7 @@ def main(args: argparse.Namespace) -> int:
     run = Run(args)
     out = os.path.abspath(args.out)
     report = {"command": "shardfeed bench compare " + " ".join(sys.argv[3:]) if sys.argv[1:3] == ["bench", "compare"]
-              else None, "machine": _machine(), "versions": versions(), "peers_python": run.peers_py,
+              else None, "machine": _machine(), "versions": versions(), "peers_python": compare_report.shown_path(run.peers_py),
               "peers_versions": versions(python_for("streaming", run.peers_py)) if "streaming" in run.libs
               and run.peers_py else None, "batch_size": args.batch_size,
               "counts": {s: run.counts[s] for s in run.sizes}, "rows": [], "cat_mb_s": {}}

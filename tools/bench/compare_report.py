@@ -184,7 +184,7 @@ def targets_table(items: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _shown(path: str) -> str:
+def shown_path(path: str) -> str:
     """A path as the report shows it: relative to the working folder when inside it,
     so a published report names no machine's folders."""
     rel = os.path.relpath(path) if path and os.path.isabs(path) else path
@@ -196,7 +196,7 @@ def _versions_line(report: dict) -> str:
     line = "Versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if k != "mosaicml-streaming")
     pv = report.get("peers_versions")
     if pv and "error" not in pv:
-        line += (f"; mosaicml-streaming {pv.get('mosaicml-streaming')} in its own venv ({_shown(report['peers_python'])}: "
+        line += (f"; mosaicml-streaming {pv.get('mosaicml-streaming')} in its own venv ({shown_path(report['peers_python'])}: "
                  f"torch {pv.get('torch')}, numpy {pv.get('numpy')}; imported from streaming.base, "
                  f"without its torchvision-based example datasets)")
     else:
