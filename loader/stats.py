@@ -122,12 +122,7 @@ class LoaderStats:
             c.collate_s += info["collate_s"]
             c.bytes_read += info["bytes"]
             c.errors_skipped += skipped
-        if "cache" in info:
-            c = info["cache"]
-            self.cache_hits += c["hits"]
-            self.cache_misses += c["misses"]
-            self.fetch_wait_s += c["wait_s"]
-            self.add_cache(c)
+        self._add_cache_info(info)
 
     def add_info(self, info: dict, skipped: int) -> None:
         self.read_s += info["read_s"]
@@ -135,6 +130,9 @@ class LoaderStats:
         self.collate_s += info["collate_s"]
         self.bytes_read += info["bytes"]
         self.errors_skipped += skipped
+        self._add_cache_info(info)
+
+    def _add_cache_info(self, info: dict) -> None:
         if "cache" in info:
             c = info["cache"]
             self.cache_hits += c["hits"]
