@@ -57,7 +57,7 @@ class _Handler(BaseHTTPRequestHandler):
         if fault is not None and fault.kind == "500":
             return self._send(500, b"injected failure")
         if path is None or not os.path.exists(path):
-            return self._send(404, b"not found")
+            return self._send(404, b"not found", body=body)  # a HEAD reply carries no body: keep-alive stays in step
         if os.path.isdir(path):
             names = sorted(os.listdir(path))
             links = "".join(f'<a href="{html.escape(n)}">{html.escape(n)}</a>\n' for n in names)
