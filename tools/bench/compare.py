@@ -38,7 +38,7 @@ from tqdm import tqdm
 
 from shardfeed.tools.bench import compare_quality, compare_report, compare_train
 from shardfeed.tools.bench.compare_peers import adapter, peers_python, python_for, run_child, versions
-from shardfeed.tools.bench.report import too_small
+from shardfeed.tools.bench.report import csv_choices, too_small
 from shardfeed.tools.bench.samples import GENERATOR_VERSION, SampleSpec
 from shardfeed.tools.text import show_progress
 
@@ -80,14 +80,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG plots")
 
 
-def _csv(value: str, allowed, what: str) -> list[str]:
-    items = [v.strip() for v in value.split(",") if v.strip()]
-    bad = [v for v in items if v not in allowed]
-    if bad or not items:
-        raise ValueError(f"--{what} {value!r}: unknown {bad or 'empty list'}; choose from {', '.join(allowed)}")
-    return items
-
-
 def _cat_mb_s(paths: list[str]) -> float:
     """`cat` of the files to /dev/null, page cache warm (read once first), MB/s."""
     subprocess.run(["cat", *paths], stdout=subprocess.DEVNULL, check=True)
@@ -109,11 +101,11 @@ class Run:
     """One run's settings, data folders and child processes."""
 
     def __init__(self, args):
-        self.libs = _csv(args.libraries, LIBRARIES, "libraries")
-        self.sizes = _csv(args.sizes or ("2KiB" if args.quick else ",".join(SIZES)), SIZES, "sizes")
+        self.libs = csv_choices(args.libraries, LIBRARIES, "libraries")
+        self.sizes = csv_choices(args.sizes or ("2KiB" if args.quick else ",".join(SIZES)), SIZES, "sizes")
         workers = args.workers or ("0" if args.quick else "0,2")
-        self.workers = [int(w) for w in _csv(workers, [str(i) for i in range(65)], "workers")]
-        self.shuffles = [s == "on" for s in _csv(args.shuffle, ["off", "on"], "shuffle")]
+        self.workers = [int(w) for w in csv_choices(workers, [str(i) for i in range(65)], "workers")]
+        self.shuffles = [s == "on" for s in csv_choices(args.shuffle, ["off", "on"], "shuffle")]
         self.counts = dict(QUICK_COUNTS if args.quick else COUNTS)
         for s, given in (("2KiB", args.samples_2k), ("100KiB", args.samples_100k)):
             if given is not None:

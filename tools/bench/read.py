@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from shardfeed.tools.bench.child import RESULT_PREFIX
 from shardfeed.tools.bench.peers import ADAPTERS
-from shardfeed.tools.bench.report import MIN_BATCHES, too_small
+from shardfeed.tools.bench.report import MIN_BATCHES, csv_choices, too_small
 from shardfeed.tools.bench.samples import GENERATOR_VERSION, SampleSpec
 from shardfeed.tools.text import show_progress
 
@@ -73,14 +73,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG plot")
 
 
-def _csv(value: str, allowed, what: str) -> list[str]:
-    items = [v.strip() for v in value.split(",") if v.strip()]
-    bad = [v for v in items if v not in allowed]
-    if bad or not items:
-        raise ValueError(f"--{what} {value!r}: unknown {bad or 'empty list'}; choose from {', '.join(allowed)}")
-    return items
-
-
 def _positive(value, what: str) -> int:
     if value is None or value < 1:
         raise ValueError(f"{what} must be >= 1, got {value}")
@@ -102,10 +94,10 @@ class Plan:
         if args.samples_100k is not None:
             counts["100KiB"] = _positive(args.samples_100k, "--samples-100k")
         self.counts = counts
-        self.sizes = [s for s in SIZES if s in _csv(args.sizes, list(SIZES), "sizes")]
-        self.libraries = _csv(args.libraries, list(ADAPTERS), "libraries")
-        self.workers = [int(w) for w in _csv(args.workers, [str(i) for i in range(65)], "workers")]
-        self.shuffles = [s == "on" for s in _csv(args.shuffle, ["off", "on"], "shuffle")]
+        self.sizes = [s for s in SIZES if s in csv_choices(args.sizes, list(SIZES), "sizes")]
+        self.libraries = csv_choices(args.libraries, list(ADAPTERS), "libraries")
+        self.workers = [int(w) for w in csv_choices(args.workers, [str(i) for i in range(65)], "workers")]
+        self.shuffles = [s == "on" for s in csv_choices(args.shuffle, ["off", "on"], "shuffle")]
         self.repeats = _positive(args.repeats, "--repeats")
         if args.growth < 0:
             raise ValueError(f"--growth must be >= 0 (0 turns it off), got {args.growth}")

@@ -271,3 +271,12 @@ def write_reports(report: dict, out: str, plot: bool = True) -> list[str]:
         paths.append(os.path.join(out, "bench_read.png"))
         plot_report(report, paths[-1])
     return paths
+
+
+def csv_choices(value: str, allowed, what: str) -> list[str]:
+    """A comma-separated option's items, each one of ``allowed`` (ValueError naming --what otherwise)."""
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    bad = [v for v in items if v not in allowed]
+    if bad or not items:
+        raise ValueError(f"--{what} {value!r}: unknown {bad or 'empty list'}; choose from {', '.join(allowed)}")
+    return items
