@@ -32,7 +32,8 @@ import xxhash
 
 from shardfeed.formats import columns
 from shardfeed.formats.errors import ReadError, ShardError
-from shardfeed.formats.kernels import FD, parse_ints, tar_gather, tar_sizes, warm
+from shardfeed.formats.kernels import parse_ints, tar_gather, tar_sizes, warm
+from shardfeed.formats.kernels_batch import DST_POS, KPOS, LOCAL, NROWS, OK, SHARD, SLOT, tar_layout
 from shardfeed.formats.native import hash_fn, preadv_fn
 from shardfeed.formats.open_shards import MAX_OPEN_SHARDS, OpenShards, TarView
 from shardfeed.formats.read_modes import FAULT_AROUND, MAPPED_BUDGET_BYTES, READ_MODES, check_read_mode
@@ -45,6 +46,10 @@ _JUNK_BYTES = 64 << 10
 
 
 _ARANGE = np.arange(0, dtype=np.int64)
+
+
+def _new_buffer(n: int) -> np.ndarray:
+    return np.empty(n, np.uint8)
 
 
 def _arange(n: int) -> np.ndarray:
@@ -127,6 +132,10 @@ class BatchReader:
         self._iov = np.zeros((_MAX_IOV, 2), np.int64)  # struct iovec {void *base; size_t len}
         self._junk = np.empty(_JUNK_BYTES, np.uint8)  # tar headers and padding between members read at once
         self._mapped = 0  # estimated bytes mapped since the last release
+        self._work = np.empty((NROWS, 0), np.int64)  # the steady path's scratch (_layout_scratch)
+        self._uniq = np.empty(0, np.int64)
+        self._present = np.empty(0, np.uint8)
+        self._kbuf = np.empty(0, np.uint8)
 
     @property
     def index(self):
@@ -160,6 +169,9 @@ class BatchReader:
         as it starts, so workers load in parallel while the first tasks are
         sent rather than one after the other on the batch path."""
         warm(self.shards.table, self._hash_fn, self._io_fn, self._iov, self._junk)
+        work, present, uniq = self._layout_scratch(0, 0)
+        tar_layout(self.index.offsets, self.shards.slot_of, self.shards.table, np.empty(0, np.int64), work,
+                   np.empty((2, 0, 0), np.int64), present, uniq)
 
     # -- batches --------------------------------------------------------
     def read(self, ids, alloc: Callable[[int], np.ndarray] | None = None) -> RawBatch:
@@ -169,16 +181,16 @@ class BatchReader:
         (default: a fresh numpy array); it is called once per gather.
         """
         ids = np.ascontiguousarray(ids, np.int64)
+        alloc = alloc or _new_buffer
+        if ids.size and self.shards.path_of is None:
+            batch = self._read_open(ids, alloc)
+            if batch is not None:
+                return batch
         n_total = self.index.num_samples
         if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= n_total):
             raise IndexError(f"sample ids must lie in 0..{n_total - 1}, got {int(ids.min())}..{int(ids.max())}")
         errors: list[ReadError] = []
         shard, local = self.index.locate(ids)
-        alloc = alloc or (lambda n: np.empty(n, np.uint8))
-        if ids.size and self.shards.path_of is None:
-            batch = self._read_open(ids, shard, local, alloc)
-            if batch is not None:
-                return batch
         keep = np.ones(len(ids), np.bool_)
         held: list[int] = []  # shards pinned by this read, once per pin
         try:
@@ -193,42 +205,46 @@ class BatchReader:
                 self.shards.unpin(s)
             self.shards.evict()  # only between reads: a read may need more than max_open shards at once
 
-    def _read_open(self, ids, shard, local, alloc) -> RawBatch | None:
-        """The steady state in a few numpy calls: every shard of the batch is an
-        open tar shard and nothing fails. None otherwise (a shard to open, a
-        columnar shard, any error: the general path then reads the batch and
-        raises or skips as it says). No pins: nothing can close a file-backed
-        shard during this read (no cache; eviction runs between reads)."""
+    def _layout_scratch(self, n: int, nf: int):
+        """(work, present, uniq): tar_layout's scratch, reused by every read (reads are never concurrent)."""
+        if self._work.shape[1] < n + 1:
+            cap = max(n + 1, 2 * self._work.shape[1])
+            self._work = np.empty((NROWS, cap), np.int64)
+            self._uniq = np.empty(cap, np.int64)
+        if len(self._present) < nf:
+            self._present = np.empty(max(nf, 2 * len(self._present)), np.uint8)
+        return self._work, self._present, self._uniq
+
+    def _read_open(self, ids, alloc) -> RawBatch | None:
+        """The steady state: every shard of the batch is an open tar shard and
+        nothing fails; laid out by one jitted call (kernels_batch.tar_layout)
+        and gathered by another. None otherwise (an id out of range, a shard
+        to open, a columnar shard, any error: the general path then reads the
+        batch and raises or skips as it says). No pins: nothing can close a
+        file-backed shard during this read (no cache; eviction runs between
+        reads); a decompressed shard in memory is never read here, because
+        another reader's decompression may reclaim an unpinned one
+        (decompressed.py)."""
         shards = self.shards
-        slot = shards.slot_of[shard]
         table = shards.table
-        if int(slot.min()) < 0 or int(table[slot, FD].min()) < 0:
-            # a shard to open, or a decompressed one in memory: another reader's
-            # decompression may reclaim an unpinned one (decompressed.py), so those are read pinned
+        n = len(ids)
+        nf = len(self.field_ids)
+        work, present, uniq = self._layout_scratch(n, nf)
+        fpos = np.empty((2, nf, n), np.int64)
+        status, m = tar_layout(self.index.offsets, shards.slot_of, table, ids, work, fpos, present, uniq)
+        if status != OK:
             return None
-        uniq = np.unique(shard).tolist()
+        uniq = uniq[:m].tolist()
         if not self._io_fn:  # copied from mappings: a shard truncated since opened would be SIGBUS
             views = shards.views
             if any(views[s].short() for s in uniq):
                 return None
-        n = len(ids)
-        tsz = np.empty(n, np.int64)
-        ksz = np.empty(n, np.int64)
-        if tar_sizes(table, slot, local, tsz, ksz) >= 0:
-            return None
-        dst_pos = np.empty(n + 1, np.int64)
-        dst_pos[0] = 0
-        np.cumsum(tsz, out=dst_pos[1:])
-        kpos = np.empty(n + 1, np.int64)
-        kpos[0] = 0
-        ksz += 1
-        np.cumsum(ksz, out=kpos[1:])
-        total = int(dst_pos[-1])
+        slot, local = work[SLOT, :n], work[LOCAL, :n]
+        dst_pos, kpos = work[DST_POS, :n + 1], work[KPOS, :n + 1]
+        total = int(dst_pos[n])
         buf = alloc(total)
-        nf = len(self.field_ids)
-        fstart = np.full((nf, n), -1, np.int64)
-        fsize = np.full((nf, n), -1, np.int64)
-        kbuf = np.empty(int(kpos[-1]), np.uint8)
+        fstart, fsize = fpos[0], fpos[1]
+        kbuf = self._key_scratch(int(kpos[n]))
         bad = np.zeros(n, np.bool_)
         hfn = self._hash_fn if self.verify else 0
         nbad, err, _ = tar_gather(table, slot, local, _arange(n), buf, dst_pos, fstart, fsize, kbuf, kpos, hfn, bad,
@@ -240,8 +256,23 @@ class BatchReader:
             self._mapped += total + FAULT_AROUND * n
         if self._mapped > self.mapped_budget:
             self.release_pages()
-        fields = self._fields(fstart, fsize, {}, set(), n)
-        return RawBatch(ids.copy(), None, buf[:total], fields, shard, [], total, kbuf[:-1].tobytes())
+        names = self._field_names()
+        # the fields some sample has, in field id order (as _fields)
+        fields = {names[f]: ("bytes", fstart[f], fsize[f]) for f, has in enumerate(present[:nf].tolist()) if has}
+        return RawBatch(ids.copy(), None, buf[:total], fields, work[SHARD, :n].copy(), [], total,
+                        kbuf[:-1].tobytes())
+
+    def _key_scratch(self, n: int) -> np.ndarray:
+        if len(self._kbuf) < n:
+            self._kbuf = np.empty(max(n, 2 * len(self._kbuf)), np.uint8)
+        return self._kbuf[:n]
+
+    def _field_names(self) -> list[str]:
+        """Field id -> name; ids are dense and only grow: extended, never rebuilt."""
+        names = self._names
+        if len(names) < len(self.field_ids):
+            names.extend(list(self.field_ids)[len(names):])
+        return names
 
     def _groups(self, shard, keep, errors, held):
         """(slot of each sample: tar slot, -1 columnar, -2 left out; [(columnar view, rows)]),
@@ -404,9 +435,7 @@ class BatchReader:
 
     def _fields(self, fstart, fsize, typed, text_fields, n) -> dict:
         """RawBatch.fields, in field id order, typed columns after any not seen as field ids."""
-        names = self._names
-        if len(names) < len(self.field_ids):  # ids are dense and only grow: extend, never rebuild
-            names.extend(list(self.field_ids)[len(names):])
+        names = self._field_names()
         fields: dict = {}
         # only the fields some sample of this batch has, found in one pass: a loop
         # over every field ever seen made reading quadratic in distinct field names

@@ -57,6 +57,7 @@ class BatchMaker:
         self.collate_fn = collate_fn
         self.unsafe = tuple(unsafe)
         self._buf: np.ndarray | None = None
+        self._codecs: dict[str, str] = {}  # field name -> codec (_codec), as decode and unsafe are fixed
         # compressed tars in place: decompress the shards of this reader's next batches in a thread
         self.ahead = None
         self.stride = 1  # steps between this reader's batches (its Loader's num_workers)
@@ -160,9 +161,9 @@ class BatchMaker:
             if kind == "text":
                 cols[name] = Blob(raw.buf, starts, sizes, text=True)
                 continue
-            codec = codec_of(name) if self.decode else "bytes"
-            if codec == "pickle" and not self._unsafe(name):
-                codec = "bytes"
+            codec = self._codecs.get(name)
+            if codec is None:
+                codec = self._codecs[name] = self._codec(name)
             if codec == "bytes":
                 cols[name] = Blob(raw.buf, starts, sizes)
             elif codec in ("npy", "numeric") and (
@@ -170,6 +171,9 @@ class BatchMaker:
                 cols[name] = arr  # equal shapes: one jitted gather, no decode per sample
             elif codec == "int":
                 vals, ok = parse_ints(raw.buf, starts, sizes)
+                if ok.all():  # every value present and an integer: the usual case, no masks
+                    cols[name] = vals
+                    continue
                 missing = sizes < 0
                 if (~ok & ~missing).any():
                     for r in np.flatnonzero(~ok & ~missing).tolist():
@@ -193,13 +197,18 @@ class BatchMaker:
                         reasons.setdefault(r, f"field {name!r} does not decode: {type(e).__name__}: {e}")
                         values.append(None)
                 cols[name] = values
-        if bad.any():
+        if reasons:  # a reason is recorded for every bad sample
             self._bad_samples(raw, bad, reasons, errors)
             cols = _drop_rows(cols, ~bad)
         for name, col in list(cols.items()):
             if isinstance(col, list) and name != "__key__" and col and all(v is not None for v in col):
                 cols[name] = collate_column(col)
         return cols
+
+    def _codec(self, name: str) -> str:
+        """How a byte field is turned into values (codecs.codec_of, or bytes when not decoding or unsafe)."""
+        codec = codec_of(name) if self.decode else "bytes"
+        return "bytes" if codec == "pickle" and not self._unsafe(name) else codec
 
     def _unsafe(self, name: str) -> bool:
         return name in self.unsafe or name.rsplit(".", 1)[-1] in self.unsafe

@@ -55,32 +55,37 @@ class Blob:
         return len(self.starts)
 
     def to_list(self) -> list:
-        starts = self.starts.tolist()
-        ends = (self.starts + np.maximum(self.sizes, 0)).tolist()
-        whole = bool(self.sizes.size) and self.sizes.min() >= 0
+        if not len(self.starts):
+            return []
+        starts, sizes = self.starts, self.sizes
+        whole = sizes.min() >= 0
         if self.text:
             mv = memoryview(self.buf)
             if whole:
-                return [str(mv[a:b], "utf-8") for a, b in zip(starts, ends)]
-            return [None if s < 0 else str(mv[a:a + s], "utf-8") for a, s in zip(starts, self.sizes.tolist())]
-        total = int(np.maximum(self.sizes, 0).sum())
-        lo, hi = (min(starts), max(ends)) if starts else (0, 0)
-        if starts and total <= _SLICE_WHOLE_BYTES * len(starts) and hi - lo <= 2 * total + 4096:
+                return [str(mv[a:b], "utf-8") for a, b in zip(starts.tolist(), (starts + sizes).tolist())]
+            return [None if s < 0 else str(mv[a:a + s], "utf-8") for a, s in zip(starts.tolist(), sizes.tolist())]
+        if whole:
+            ends = starts + sizes
+            total = int(sizes.sum())
+        else:
+            ends = starts + np.maximum(sizes, 0)
+            total = int(np.maximum(sizes, 0).sum())
+        lo, hi = int(starts.min()), int(ends.max())
+        if total <= _SLICE_WHOLE_BYTES * len(starts) and hi - lo <= 2 * total + 4096:
             # small items: one bytes copy of the span they lie in, then bytes
             # slices of it: ~0.35-0.5 us/item here against ~0.6-0.85 us for
             # bytes(memoryview slice). Large items (or a span mostly holding
             # other fields) would pay more for that extra copy than they save.
             src = self.buf[lo:hi].tobytes()
             if lo:
-                starts = [a - lo for a in starts]
-                ends = [b - lo for b in ends]
-        else:
-            src = memoryview(self.buf)
+                starts, ends = starts - lo, ends - lo
             if whole:
-                return list(map(bytes, map(src.__getitem__, map(slice, starts, ends))))
+                return [src[a:b] for a, b in zip(starts.tolist(), ends.tolist())]
+            return [None if s < 0 else src[a:b] for a, b, s in zip(starts.tolist(), ends.tolist(), sizes.tolist())]
+        src = memoryview(self.buf)
         if whole:
-            return [src[a:b] for a, b in zip(starts, ends)]
-        return [None if s < 0 else bytes(src[a:b]) for a, b, s in zip(starts, ends, self.sizes.tolist())]
+            return list(map(bytes, map(src.__getitem__, map(slice, starts.tolist(), ends.tolist()))))
+        return [None if s < 0 else bytes(src[a:b]) for a, b, s in zip(starts.tolist(), ends.tolist(), sizes.tolist())]
 
     def to_tensors(self, pin_memory: bool = False) -> list:
         """Each value as a uint8 tensor viewing ``buf`` (None where absent): no copy,

@@ -113,6 +113,7 @@ class EpochFeed(Feed):
         self.epoch, self.step, self.history = int(epoch), 0, ()
         self._cache: tuple | None = None
         self._jobs: tuple | None = None  # (epoch, stage, job) of the last epoch asked about
+        self._steps: tuple | None = None  # see _epoch_steps
         self.job(self.epoch)  # check the batch sizes against the world size now
 
     # -- the job and plan of an epoch -------------------------------------
@@ -167,23 +168,34 @@ class EpochFeed(Feed):
         """Move past a finished epoch."""
         self.epoch, self.step, self.history = self.epoch + 1, 0, ()
 
+    def _epoch_steps(self) -> tuple:
+        """(epoch, history, plan, stage, batch size, steps, samples) of the current
+        epoch and history: next() needs all of them every step, and rebuilding
+        them (a plan looked up by a key of Jobs, the batch size, the step count)
+        cost several us a step."""
+        c = self._steps
+        if c is None or c[0] != self.epoch or c[1] is not self.history:
+            plan = self.plan()
+            stage, job = self._stage_job(self.epoch)
+            bs = job.batch_size(self.rank)
+            c = self._steps = (self.epoch, self.history, plan, stage, bs, plan.steps(bs), plan.num_samples)
+        return c
+
     def next(self) -> WorkItem:
-        plan = self.plan()
-        stage, job = self._stage_job(self.epoch)
-        bs = job.batch_size(self.rank)
-        if self.step >= plan.steps(bs):
-            raise StopIteration
+        _, _, plan, stage, bs, steps, samples = self._epoch_steps()
         s = self.step
-        self.step += 1
-        return WorkItem(self.epoch, s, plan, s * bs, min(plan.num_samples, (s + 1) * bs), stage,
-                        self.get_state())
+        if s >= steps:
+            raise StopIteration
+        self.step = s + 1
+        return WorkItem(self.epoch, s, plan, s * bs, min(samples, (s + 1) * bs), stage, self.get_state())
 
     def get_state(self) -> dict:
         job = self.job()
         return {
             "version": STATE_VERSION, "kind": self.kind, "epoch": self.epoch, "step": self.step,
             "world_size": job.world_size, "batch_sizes": list(job.batch_sizes),
-            "history": [[j.world_size, list(j.batch_sizes), [int(c) for c in consumed]] for j, consumed in self.history],
+            "history": [[j.world_size, list(j.batch_sizes), [int(c) for c in consumed]] for j, consumed in self.history]
+            if self.history else [],
             "dataset": dict(self.fingerprint),
         }
 

@@ -114,6 +114,7 @@ class EpochPlan:
         self.history = tuple(_history)
         self._deal = Deal(len(self._pieces), topology.unit_weights, self.drop_last, self.order is Order.GLOBAL)
         self._buffer = self._make_buffer(topology.rank)
+        self._fast: tuple | None = None  # see _fast_path
 
     # -- sizes ---------------------------------------------------------------
     @property
@@ -183,19 +184,50 @@ class EpochPlan:
         out = np.concatenate(parts) if parts else np.empty(0, np.int64)
         return out + self._id_base if self._id_base else out
 
+    def _fast_path(self) -> tuple:
+        """(topology, num_samples, kind, *arguments) of this rank's common cases, so
+        ``positions`` skips the generic machinery on every batch: kind 1, stored
+        order over the whole epoch (a run of ids, ``arange``); kind 2, `global`
+        over the whole epoch (strided_global_ids); kind 0, the general path.
+        Kept per topology object (``for_rank`` gives a copy another one)."""
+        t = self.topology
+        rank = t.rank
+        d = self._deal
+        kind, args = 0, ()
+        if not (self.locality and t.num_nodes > 1) and self._buffer is None and self._pieces.is_whole:
+            if self.order is Order.GLOBAL:
+                kind, args = 2, (d.weights[rank], d.round_size, d.cum_weight(rank), len(self._pieces))
+            elif isinstance(self._seq, InOrder):
+                # lane position p is V[base + p] = G[base + p] = id base + p while base + p < len(V) (no padding)
+                kind, args = 1, (d.rounds * d.cum_weight(rank), len(self._pieces))
+        self._fast = (t, d.count(rank), kind) + args
+        return self._fast
+
     def positions(self, start: int, stop: int) -> np.ndarray:
         """Sample ids at this rank's positions [start, stop), as int64.
 
         Random access for every order; for `shard` it replays the buffer from
         the nearest checkpoint (see buffer.py), cheap when reads move forward.
         """
+        fast = self._fast
+        if fast is None or fast[0] is not self.topology:
+            fast = self._fast_path()
         start, stop = int(start), int(stop)
-        if not 0 <= start <= stop <= self.num_samples:
+        if not 0 <= start <= stop <= fast[1]:
             raise IndexError(f"positions [{start}, {stop}) outside this rank's 0..{self.num_samples} "
                              f"(rank {self.topology.rank} of {self.topology.world_size}, epoch {self.epoch})")
-        rank = self.topology.rank
         if start == stop:
             return np.empty(0, np.int64)
+        kind = fast[2]
+        if kind == 1:
+            base, length = fast[3], fast[4]
+            if base + stop <= length:
+                b = base + self._id_base
+                return np.arange(b + start, b + stop, dtype=np.int64)
+        elif kind == 2:
+            out = strided_global_ids(self._seq, start, stop, *fast[3:])
+            return out + self._id_base if self._id_base else out
+        rank = self.topology.rank
         if self.locality and self.topology.num_nodes > 1:
             return self._locality_ids(start, stop)
         if self._buffer is not None:
@@ -255,6 +287,7 @@ class EpochPlan:
         other = copy.copy(self)
         other.topology = self.topology.with_rank(rank)
         other._buffer = self._make_buffer(rank)
+        other._fast = None
         if self._rounds_per_batch is not None:
             other.batch_size = self._rounds_per_batch * other.topology.unit_weights[rank]
         return other
