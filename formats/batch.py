@@ -133,6 +133,7 @@ class BatchReader:
         self._junk = np.empty(_JUNK_BYTES, np.uint8)  # tar headers and padding between members read at once
         self._mapped = 0  # estimated bytes mapped since the last release
         self._work = np.empty((NROWS, 0), np.int64)  # the steady path's scratch (_layout_scratch)
+        self._rows: tuple | None = None  # views of it (_work_rows)
         self._uniq = np.empty(0, np.int64)
         self._present = np.empty(0, np.uint8)
         self._kbuf = np.empty(0, np.uint8)
@@ -211,9 +212,18 @@ class BatchReader:
             cap = max(n + 1, 2 * self._work.shape[1])
             self._work = np.empty((NROWS, cap), np.int64)
             self._uniq = np.empty(cap, np.int64)
+            self._rows = None
         if len(self._present) < nf:
             self._present = np.empty(max(nf, 2 * len(self._present)), np.uint8)
         return self._work, self._present, self._uniq
+
+    def _work_rows(self, n: int) -> tuple:
+        """(slot, local, dst_pos, kpos) of a batch of n: views of the work array, kept while n repeats."""
+        rows = self._rows
+        if rows is None or rows[0] != n:
+            w = self._work
+            rows = self._rows = (n, w[SLOT, :n], w[LOCAL, :n], w[DST_POS, :n + 1], w[KPOS, :n + 1])
+        return rows[1:]
 
     def _read_open(self, ids, alloc) -> RawBatch | None:
         """The steady state: every shard of the batch is an open tar shard and
@@ -239,8 +249,7 @@ class BatchReader:
             views = shards.views
             if any(views[s].short() for s in uniq):
                 return None
-        slot, local = work[SLOT, :n], work[LOCAL, :n]
-        dst_pos, kpos = work[DST_POS, :n + 1], work[KPOS, :n + 1]
+        slot, local, dst_pos, kpos = self._work_rows(n)
         total = int(dst_pos[n])
         buf = alloc(total)
         fstart, fsize = fpos[0], fpos[1]
