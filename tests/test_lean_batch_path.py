@@ -98,10 +98,13 @@ COUNTS = np.array([7, 0, 13, 5, 9, 11, 4, 8], dtype=np.int64)
 @pytest.mark.parametrize("order", ["none", "global"])
 @pytest.mark.parametrize("world", [1, 3, 4])
 @pytest.mark.parametrize("drop_last", [False, True])
-def test_fast_positions_equal_the_generic_ones(order, world, drop_last):
-    """Every [a, b) of every rank, across the padding at the end of the epoch."""
+@pytest.mark.parametrize("start", [None, 2])
+def test_fast_positions_equal_the_generic_ones(order, world, drop_last, start):
+    """Every [a, b) of every rank, across the padding at the end of the epoch,
+    also for a plan starting at a later shard (ids offset by its first id)."""
     for rank in range(world):
-        plan = make_plan(COUNTS, order, seed=5, epoch=1, topology=Topology(rank, world), drop_last=drop_last)
+        plan = make_plan(COUNTS, order, seed=5, epoch=1, topology=Topology(rank, world), drop_last=drop_last,
+                         start=start)
         n = plan.num_samples
         generic = (plan._lane_ids(rank, np.arange(n, dtype=np.int64)) if order == "global"
                    else plan._contiguous_ids(rank, 0, n))
@@ -113,7 +116,7 @@ def test_fast_positions_equal_the_generic_ones(order, world, drop_last):
         other = plan.for_rank((rank + 1) % world)  # the fast path is kept per rank
         assert other.positions(0, other.num_samples).tolist() == make_plan(
             COUNTS, order, seed=5, epoch=1, topology=Topology((rank + 1) % world, world),
-            drop_last=drop_last).positions(0, other.num_samples).tolist()
+            drop_last=drop_last, start=start).positions(0, other.num_samples).tolist()
 
 
 def _feed(rank=0, world=1, order="global"):
