@@ -34,6 +34,7 @@ import torch
 from shardfeed.formats.codecs import codec_of, decode_npy
 from shardfeed.formats.kernels import copy_ranges
 from shardfeed.formats.numeric_fields import numeric_column
+from shardfeed.loader import heap
 from shardfeed.loader.views import BYTES_AS, check_bytes_as, jagged_view, tensor_views
 
 __all__ = ["BYTES_AS", "Blob", "OwnedArray", "Strs", "check_bytes_as", "collate_column", "default_collate",
@@ -64,6 +65,7 @@ class Blob:
                 return [str(mv[a:b], "utf-8") for a, b in zip(starts, ends)]
             return [None if s < 0 else str(mv[a:a + s], "utf-8") for a, s in zip(starts, self.sizes.tolist())]
         total = int(np.maximum(self.sizes, 0).sum())
+        heap.reserve(total)  # the previous batch's freed memory is reused, not fresh pages (heap.py)
         lo, hi = (min(starts), max(ends)) if starts else (0, 0)
         if starts and total <= _SLICE_WHOLE_BYTES * len(starts) and hi - lo <= 2 * total + 4096:
             # small items: one bytes copy of the span they lie in, then bytes
