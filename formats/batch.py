@@ -32,11 +32,12 @@ import xxhash
 
 from shardfeed.formats import columns
 from shardfeed.formats.errors import ReadError, ShardError
-from shardfeed.formats.kernels import parse_ints, tar_gather, tar_sizes, warm
+from shardfeed.formats.kernels import parse_ints, tar_sizes, warm
 from shardfeed.formats.kernels_batch import DST_POS, KPOS, LOCAL, NROWS, OK, SHARD, SLOT, tar_layout
 from shardfeed.formats.native import hash_fn, preadv_fn
 from shardfeed.formats.open_shards import MAX_OPEN_SHARDS, OpenShards, TarView
 from shardfeed.formats.read_modes import FAULT_AROUND, MAPPED_BUDGET_BYTES, READ_MODES, check_read_mode
+from shardfeed.formats.split_gather import SplitGather
 
 __all__ = ["BatchReader", "FAULT_AROUND", "MAPPED_BUDGET_BYTES", "MAX_OPEN_SHARDS", "READ_MODES", "RawBatch",
            "ReadError", "check_read_mode", "parse_ints"]
@@ -137,6 +138,12 @@ class BatchReader:
         self._uniq = np.empty(0, np.int64)
         self._present = np.empty(0, np.uint8)
         self._kbuf = np.empty(0, np.uint8)
+        self._tar_gather = SplitGather(self._iov, self._junk)  # one call unless allowed threads (split_gather.py)
+
+    def allow_threads(self, n: int) -> None:
+        """Let a batch's gather use up to ``n`` threads (2: split when it pays, see
+        split_gather.py); for the process that reads at num_workers=0."""
+        self._tar_gather.threads = n
 
     @property
     def index(self):
@@ -157,6 +164,7 @@ class BatchReader:
         self.shards.update_index(index)
 
     def close(self) -> None:
+        self._tar_gather.close()
         self.shards.close()
 
     def release_pages(self) -> None:
@@ -256,7 +264,7 @@ class BatchReader:
         kbuf = self._key_scratch(int(kpos[n]))
         bad = np.zeros(n, np.bool_)
         hfn = self._hash_fn if self.verify else 0
-        nbad, err, _ = tar_gather(table, slot, local, _arange(n), buf, dst_pos, fstart, fsize, kbuf, kpos, hfn, bad,
+        nbad, err, _ = self._tar_gather(table, slot, local, _arange(n), buf, dst_pos, fstart, fsize, kbuf, kpos, hfn, bad,
                                   self._io_fn, self._iov, self._junk)
         if err or nbad or (self.verify and not hfn):
             return None
@@ -404,7 +412,7 @@ class BatchReader:
         tar_rows = live[tar_pos]
         bad = np.zeros(len(tar_pos), np.bool_)
         hfn = self._hash_fn if self.verify else 0
-        _, err, k = tar_gather(self.shards.table, t_slot, t_local, tar_pos, buf, dst_pos, fstart, fsize, kbuf, kpos,
+        _, err, k = self._tar_gather(self.shards.table, t_slot, t_local, tar_pos, buf, dst_pos, fstart, fsize, kbuf, kpos,
                                hfn, bad, self._io_fn, self._iov, self._junk)
         if err:
             s = int(shard[tar_rows[k]])

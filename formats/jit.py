@@ -23,8 +23,12 @@ them starts a fresh folder, whether in development, in ``make test`` or after
 an upgrade in place.
 
 Set NUMBA_CACHE_DIR to choose numba's folder yourself (then the key is yours
-to manage). Old folders under ``~/.cache/shardfeed/numba`` can be deleted at
-any time; the next run compiles again (a one-time cost of seconds).
+to manage). Every process that loads kernels from a folder touches its
+``last-used`` file, and ``shardfeed warm`` removes the folders of other
+sources unused for ``--keep-days`` (14 by default): one folder per source
+change piles up otherwise (~1 MB each, hundreds during development). Any
+folder can also be deleted by hand at any time; the next run compiles again
+(a one-time cost of seconds).
 """
 
 from __future__ import annotations
@@ -95,12 +99,31 @@ _lock = threading.Lock()
 _numba_njit = None  # numba.njit once the JIT is in use
 
 
+LAST_USED = "last-used"
+
+
+def touch_used(folder: str) -> None:
+    """Mark ``folder`` as used now (its ``last-used`` file's mtime), so `shardfeed warm` keeps it."""
+    try:
+        os.utime(os.path.join(folder, LAST_USED))
+    except FileNotFoundError:
+        try:
+            open(os.path.join(folder, LAST_USED), "a").close()
+        except OSError:
+            pass  # a read-only cache: nothing to prune there either
+    except OSError:
+        pass
+
+
 def _load_aot():
     if os.environ.get(AOT_ENV, "1").strip() in ("0", "false", "no", "off"):
         return None
     from shardfeed.formats import aot
 
-    return aot.load(aot_dir(), KEY)
+    loaded = aot.load(aot_dir(), KEY)
+    if loaded is not None:
+        touch_used(cache_dir())
+    return loaded
 
 
 AOT = _load_aot()  # the loaded module (aot.Loaded), or None: JIT mode
@@ -125,6 +148,8 @@ def use_jit(reason: str = "") -> None:
         import numba
 
         _configure(numba)
+        if os.path.isdir(cache_dir()):
+            touch_used(cache_dir())
         from shardfeed.formats import aot
 
         if reason:

@@ -34,6 +34,7 @@ import torch
 from shardfeed.formats.codecs import codec_of, decode_npy
 from shardfeed.formats.kernels import copy_ranges
 from shardfeed.formats.numeric_fields import numeric_column
+from shardfeed.loader import heap
 from shardfeed.loader.views import BYTES_AS, check_bytes_as, jagged_view, tensor_views
 
 __all__ = ["BYTES_AS", "Blob", "OwnedArray", "Strs", "check_bytes_as", "collate_column", "default_collate",
@@ -56,6 +57,8 @@ class Blob:
 
     def to_list(self) -> list:
         if not len(self.starts):
+            if not self.text:
+                heap.reserve(0)
             return []
         starts, sizes = self.starts, self.sizes
         whole = sizes.min() >= 0
@@ -70,6 +73,7 @@ class Blob:
         else:
             ends = starts + np.maximum(sizes, 0)
             total = int(np.maximum(sizes, 0).sum())
+        heap.reserve(total)  # the previous batch's freed memory is reused, not fresh pages (heap.py)
         lo, hi = int(starts.min()), int(ends.max())
         if total <= _SLICE_WHOLE_BYTES * len(starts) and hi - lo <= 2 * total + 4096:
             # small items: one bytes copy of the span they lie in, then bytes

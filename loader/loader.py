@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from shardfeed.formats.split_gather import threads_allowed
 from shardfeed.loader import state as _state
 from shardfeed.loader.audit import AuditRecorder
 from shardfeed.loader.collate import check_bytes_as, materialize
@@ -179,8 +180,12 @@ class Loader:
 
     def _local_batches(self, feed):
         """(item, columns, info) made in this process, one step at a time."""
-        maker = self._maker or self.dataset.maker(self.collate_fn)
-        self._maker = maker
+        if self._maker is None:
+            self._maker = self.dataset.maker(self.collate_fn)
+            reader = getattr(self._maker, "reader", None)
+            if hasattr(reader, "allow_threads"):  # this process reads alone: a free core may take half a batch
+                reader.allow_threads(threads_allowed())
+        maker = self._maker
         hint = getattr(maker, "hint", None)
         for item in feed:
             if hint is not None:

@@ -72,11 +72,15 @@ def check_bytes_as(bytes_as: str) -> str:
     return bytes_as
 
 
-def _span(buf: np.ndarray, starts: list, sizes: list, pin_memory: bool) -> tuple[torch.Tensor, int]:
+def _span(buf: np.ndarray, starts: np.ndarray, sizes: np.ndarray, pin_memory: bool) -> tuple[torch.Tensor, int]:
     """A uint8 tensor over the bytes the values lie in, and where that span starts in ``buf``."""
-    present = [(a, z) for a, z in zip(starts, sizes) if z >= 0]  # an absent value's start is no position
-    lo = min((a for a, _ in present), default=0)
-    hi = max((a + z for a, z in present), default=0)
+    present = sizes >= 0  # an absent value's start is no position
+    if present.all():
+        lo, hi = int(starts.min()), int((starts + sizes).max())
+    elif present.any():
+        lo, hi = int(starts[present].min()), int((starts + sizes)[present].max())
+    else:
+        lo = hi = 0
     span = buf[lo:hi]
     # a read-only buffer (a collate_fn's bytes joined) is copied once: torch warns on read-only views
     base = torch.from_numpy(span if span.flags.writeable else span.copy())
@@ -87,15 +91,28 @@ def _span(buf: np.ndarray, starts: list, sizes: list, pin_memory: bool) -> tuple
 
 def tensor_views(buf: np.ndarray, starts: np.ndarray, sizes: np.ndarray, pin_memory: bool = False) -> list:
     """Each value as a uint8 tensor viewing ``buf`` (None where size is -1)."""
-    starts_l, sizes_l = starts.tolist(), sizes.tolist()
-    if not starts_l:
+    n = len(starts)
+    if not n:
         return []
-    base, lo = _span(buf, starts_l, sizes_l, pin_memory)
-    if lo:
-        starts_l = [a - lo for a in starts_l]
-    if min(sizes_l) >= 0:
-        return [base[a:a + z] for a, z in zip(starts_l, sizes_l)]
-    return [None if z < 0 else base[a:a + z] for a, z in zip(starts_l, sizes_l)]
+    starts = np.asarray(starts, np.int64)
+    sizes = np.asarray(sizes, np.int64)
+    base, lo = _span(buf, starts, sizes, pin_memory)
+    rel = starts - lo
+    if int(sizes.min()) >= 0:
+        ends = rel + sizes
+        if n == 1 or bool((rel[1:] >= ends[:-1]).all()):
+            # values in buffer order (what a gather makes): one split_with_sizes call
+            # cuts gap, value, gap, value, ... (~0.75 us a value against ~1.15 us for
+            # a Python slice each: ~100 us of a batch of 256)
+            pieces = np.empty(2 * n, np.int64)
+            pieces[0] = rel[0]
+            pieces[2::2] = rel[1:] - ends[:-1]
+            pieces[1::2] = sizes
+            tail = len(base) - int(ends[-1])
+            parts = base.split_with_sizes(pieces.tolist() + [tail] if tail else pieces.tolist())
+            return list(parts[1:2 * n:2])
+        return [base[a:b] for a, b in zip(rel.tolist(), ends.tolist())]
+    return [None if z < 0 else base[a:a + z] for a, z in zip(rel.tolist(), sizes.tolist())]
 
 
 def jagged_view(buf: np.ndarray, starts: np.ndarray, sizes: np.ndarray, pin_memory: bool = False):
@@ -107,7 +124,7 @@ def jagged_view(buf: np.ndarray, starts: np.ndarray, sizes: np.ndarray, pin_memo
     if not n:
         return torch.nested.nested_tensor_from_jagged(torch.empty(0, dtype=torch.uint8),
                                                       torch.zeros(1, dtype=torch.int64))
-    base, lo = _span(buf, starts.tolist(), sizes.tolist(), pin_memory)
+    base, lo = _span(buf, starts, sizes, pin_memory)
     offsets = np.empty(n + 1, np.int64)
     offsets[:n] = starts - lo
     offsets[n] = offsets[n - 1] + sizes[n - 1]

@@ -25,7 +25,7 @@ def tiny(tmp_path_factory):
     out = tmp_path_factory.mktemp("compare")
     return out, *_run(out, "--libraries", "shardfeed,shardfeed-tensor", "--sizes", "2KiB",
                       "--samples-2k", "2048", "--workers", "0", "--shuffle", "on", "--quality-classes", "20",
-                      "--quality-per-class", "512", "--train-steps", "3")
+                      "--quality-per-class", "512", "--train-steps", "3", "--repeat", "2")
 
 
 def test_throughput_rows_include_the_no_copy_form_and_first_batch(tiny):
@@ -36,8 +36,13 @@ def test_throughput_rows_include_the_no_copy_form_and_first_batch(tiny):
         assert r["status"] == "ok", r
         assert r["whole"] > 0 and r["steady"] > 0 and r["first_batch_s"] > 0
         assert r["steady"] >= r["whole"] * 0.5  # the whole pass includes start-up; both count the same samples
+        # two interleaved passes, each a fresh process: the row holds their median (of two: the mean)
+        assert len(r["passes"]) == 2 and all(p["whole"] > 0 for p in r["passes"])
+        for k in ("whole", "steady", "first_batch_s"):
+            assert r[k] == pytest.approx(sum(p[k] for p in r["passes"]) / 2)
     assert 'bytes_as="tensor"' in rows["shardfeed-tensor"]["label"]
     assert 'bytes_as="tensor"' in md and "| whole pass /s | steady /s |" in md
+    assert report["repeat"] == 2 and "the median of its 2 passes" in md
 
 
 def test_shuffle_quality_of_a_global_shuffle_is_near_ideal_and_stored_order_is_not(tiny):

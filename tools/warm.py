@@ -9,13 +9,17 @@ format and read mode, and scans a foreign tar, under numba's JIT (which fills
 numba's cache), then compiles every signature those reads used into one
 extension module (formats/aot_build.py) that later processes load instead of
 numba. Without a C compiler the second part fails and says so: reads then
-use numba's JIT as before.
+use numba's JIT as before. Last, it removes the kernel folders of other
+sources (older versions, other checkouts) that no process has used for
+``--keep-days`` days.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
+import shutil
 import sys
 import tarfile
 import tempfile
@@ -75,7 +79,64 @@ def _kernels_off_the_read_path() -> None:
     locality.assign(z, np.array([4], np.int64), one, np.array([4], np.int64), np.zeros(1, np.int64), 1)
 
 
+KEEP_DAYS = 14.0
+_KEY_NAME = re.compile(r"[0-9a-f]{16}")  # formats.jit.source_key: only such folders are ever removed
+
+
+def _last_use(folder: str) -> float:
+    from shardfeed.formats.jit import LAST_USED
+
+    try:
+        return os.stat(os.path.join(folder, LAST_USED)).st_mtime
+    except OSError:  # made before folders were marked: its own time (it changes as numba writes into it)
+        return os.stat(folder).st_mtime
+
+
+def _size(folder: str) -> int:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(folder) for f in fs
+               if not os.path.islink(os.path.join(d, f)))
+
+
+def prune(root: str, keep: str, keep_days: float, now: float | None = None) -> tuple[int, int]:
+    """Remove the kernel folders under ``root`` other than ``keep`` unused for ``keep_days``;
+    (folders removed, bytes freed). Anything not named like a source key is left alone."""
+    now = time.time() if now is None else now
+    removed = freed = 0
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return 0, 0
+    for name in names:
+        path = os.path.join(root, name)
+        if name == keep or not _KEY_NAME.fullmatch(name) or os.path.islink(path) or not os.path.isdir(path):
+            continue
+        try:
+            if now - _last_use(path) < keep_days * 86400:
+                continue
+            size = _size(path)
+            shutil.rmtree(path)
+        except OSError:
+            continue  # in use by a build elsewhere, or not ours to remove: leave it
+        removed += 1
+        freed += size
+    return removed, freed
+
+
+def _prune(args) -> None:
+    from shardfeed.formats import jit
+
+    if args.keep_days < 0 or os.environ.get("NUMBA_CACHE_DIR"):
+        return  # a numba folder the user chose is theirs to manage
+    removed, freed = prune(os.path.dirname(jit.cache_dir()), jit.KEY, args.keep_days)
+    if removed:
+        print(f"shardfeed: removed {removed} kernel folder(s) of other sources unused for {args.keep_days:g} "
+              f"days ({freed / 1e6:.1f} MB)", flush=True)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--keep-days", type=float, default=KEEP_DAYS,
+                   help="remove the kernel folders of other sources unused for this many days (default "
+                        "%(default)g; negative keeps everything)")
     p.add_argument("--no-aot", action="store_true",
                    help="only fill numba's cache; do not build the compiled kernel module")
     p.add_argument("--force", action="store_true",
@@ -85,7 +146,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace | None = None) -> int:
     from shardfeed.formats import aot, jit
 
-    args = args or argparse.Namespace(no_aot=False, force=False)
+    args = args or argparse.Namespace(no_aot=False, force=False, keep_days=KEEP_DAYS)
+    _prune(args)
     if not args.no_aot and not args.force and aot.load(jit.aot_dir(), jit.KEY) is not None:
         print(f"shardfeed: the compiled kernels for these sources are ready in {jit.aot_dir()} "
               "(--force builds them again)", flush=True)

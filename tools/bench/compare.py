@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -45,6 +46,10 @@ from shardfeed.tools.text import show_progress
 SIZES = {"2KiB": 2048, "100KiB": 100 * 1024}
 COUNTS = {"2KiB": 32768, "100KiB": 2048}  # 64 MiB and 200 MiB
 QUICK_COUNTS = {"2KiB": 4096, "100KiB": 512}
+# Passes per configuration: one pass on a shared 2-core machine moved some rows by up to 2.5x between runs; the
+# passes go round all configurations in turn (load drifting during the run hits every library alike), and the
+# median of each configuration's passes is its figure.
+REPEAT = 3
 LIBRARIES = ("shardfeed", "shardfeed-tensor", "shardfeed-parquet", "webdataset", "litdata", "streaming", "files",
              "parquet")
 # shardfeed's variants deliver the order of its own `global` row: their shuffle quality is that row's.
@@ -76,6 +81,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--peers-python", default=None,
                         help="python of the venv that runs MosaicML Streaming (default: .venv-peers of this checkout, "
                              "made by tools/bench/install_peers.sh)")
+    parser.add_argument("--repeat", type=int, default=None,
+                        help=f"passes per throughput configuration, interleaved, median reported (default {REPEAT}; "
+                             "1 with --quick)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per configuration")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG plots")
 
@@ -117,6 +125,9 @@ class Run:
         q["classes"] = args.quality_classes or q["classes"]
         q["per_class"] = args.quality_per_class or q["per_class"]
         self.quality = None if args.no_quality else q
+        self.repeat = args.repeat if args.repeat is not None else (1 if args.quick else REPEAT)
+        if self.repeat < 1:
+            raise ValueError(f"--repeat must be >= 1, got {self.repeat}")
         self.steps = args.train_steps if args.train_steps is not None else (
             compare_train.QUICK_STEPS if args.quick else compare_train.STEPS)
         if self.steps < 0 or args.train_workers < 0 or args.batch_size < 1:
@@ -193,13 +204,29 @@ def throughput(run: Run, report: dict) -> None:
     # 100 KiB in stored order only (where asked): its targets are about bandwidth, and it halves the passes
     configs = [(s, w, sh, lib) for s in run.sizes for w in run.workers
                for sh in (run.shuffles if s == "2KiB" or False not in run.shuffles else [False]) for lib in run.libs]
-    for s, w, sh, lib in _bar(configs, "read"):
-        spec = SampleSpec(run.counts[s], SIZES[s])
-        r = run.read(lib, f"{s}-{run.counts[s]}", {"count": run.counts[s], "size": SIZES[s]}, spec,
-                     workers=w, shuffle=sh)
+    passes: dict = {c: [] for c in configs}
+    for _, (s, w, sh, lib) in _bar([(k, c) for k in range(run.repeat) for c in configs], "read"):
+        r = run.read(lib, f"{s}-{run.counts[s]}", {"count": run.counts[s], "size": SIZES[s]},
+                     SampleSpec(run.counts[s], SIZES[s]), workers=w, shuffle=sh)
+        passes[(s, w, sh, lib)].append(r)
+    for (s, w, sh, lib), rs in passes.items():
         report["rows"].append({"size": s, "workers": w, "shuffle": sh, "library": lib, "label": adapter(lib).label,
-                               "bytes_per_sample": SIZES[s], "status": r.get("status"), "wall_s": r.get("wall_s"),
-                               **_rates(r)})
+                               "bytes_per_sample": SIZES[s], **_median(rs)})
+
+
+def _median(rs: list[dict]) -> dict:
+    """One configuration's row from its passes: the median of each rate over the passes (all must be ok: a
+    failed or wrong pass makes the row that status), each pass's rates kept under ``passes``."""
+    bad = next((r for r in rs if r.get("status") != "ok"), None)
+    if bad is not None:
+        return {"status": bad.get("status"), "wall_s": bad.get("wall_s")}
+    rates = [_rates(r) for r in rs]
+    row = {"status": "ok", "wall_s": sum(r.get("wall_s") or 0 for r in rs), "passes": rates}
+    for k in ("whole", "steady", "first_batch_s", "batches"):
+        vals = [x[k] for x in rates if k in x]
+        if len(vals) == len(rates):
+            row[k] = statistics.median(vals)
+    return row
 
 
 def quality_tag(q: dict) -> str:
@@ -250,7 +277,7 @@ def main(args: argparse.Namespace) -> int:
     report = {"command": "shardfeed bench compare " + " ".join(sys.argv[3:]) if sys.argv[1:3] == ["bench", "compare"]
               else None, "machine": _machine(), "versions": versions(), "peers_python": compare_report.shown_path(run.peers_py),
               "peers_versions": versions(python_for("streaming", run.peers_py)) if "streaming" in run.libs
-              and run.peers_py else None, "batch_size": args.batch_size,
+              and run.peers_py else None, "batch_size": args.batch_size, "repeat": run.repeat,
               "counts": {s: run.counts[s] for s in run.sizes}, "rows": [], "cat_mb_s": {}}
     started = time.perf_counter()
     libs = set(run.libs)

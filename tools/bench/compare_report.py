@@ -204,12 +204,20 @@ def _versions_line(report: dict) -> str:
     return line
 
 
+def _passes(report: dict) -> str:
+    n = report.get("repeat", 1)
+    if n == 1:
+        return "one pass per configuration in a fresh process"
+    return (f"{n} passes per configuration, each in a fresh process, going round all configurations in turn; "
+            f"each figure is the median of its {n} passes")
+
+
 def render(report: dict) -> str:
     sizes = " and ".join(f"{n:,} x {s.replace('KiB', ' KiB')}" for s, n in report["counts"].items())
     items = report["targets"]
     counts = {k: sum(t["met"] is v for t in items) for k, v in (("met", True), ("missed", False), ("nj", None))}
-    head = (f"`shardfeed bench compare`: {sizes} samples, batch {report['batch_size']}, page cache warm, one pass "
-            f"per configuration in a fresh process, every pass content-checked (a wrong pass is FAILED, never a "
+    head = (f"`shardfeed bench compare`: {sizes} samples, batch {report['batch_size']}, page cache warm, "
+            f"{_passes(report)}, every pass content-checked (a wrong pass is FAILED, never a "
             f"number). **Whole pass** = samples / time from constructing the dataset and loader to the last batch; "
             f"**steady** = after the first batch; **first batch** = construction + first batch. A pass of fewer "
             f"than {MIN_BATCHES} batches gets no steady rate. Machine: {report['machine']}. Run took "
