@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from shardfeed.formats import ShardError, ShardWriter, open_index, open_shard, verify_shard
-from shardfeed.formats.batch import BatchReader
+from shardfeed.formats.engine.batch import BatchReader
 from shardfeed.formats.readers import shard_keys
 from shardfeed.loader import ShardDataset
 

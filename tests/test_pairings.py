@@ -1,7 +1,7 @@
 """Every shard format under every order gives the batches tar gives (issue 13,
 "no pathological pairing of format and order").
 
-The fast paths of columnar shards (formats/columns.py: stored-order runs as
+The fast paths of columnar shards (formats/engine/columns.py: stored-order runs as
 slices of their row groups, a whole Parquet or Arrow shard decoded once for
 random order) and compressed tars must return exactly the keys and bytes of
 the same samples stored as plain tar: through 0 and 2 workers, through a
@@ -20,7 +20,7 @@ import pytest
 
 from conftest import labelled_sample
 from shardfeed.formats import ShardError, ShardWriter
-from shardfeed.formats.batch import BatchReader
+from shardfeed.formats.engine.batch import BatchReader
 from shardfeed.formats.index import open_index
 from shardfeed.formats.writer import _ColumnarShard
 from shardfeed.loader import Loader, ShardDataset

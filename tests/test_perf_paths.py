@@ -1,6 +1,6 @@
 """Fast paths return exactly what the slow paths do.
 
-Parquet under ``global`` order keeps decoded row groups (formats/columns.py)
+Parquet under ``global`` order keeps decoded row groups (formats/engine/columns.py)
 instead of decoding one per sample; the batches must equal those of the same
 samples stored as tar, whatever the budget for decoded bytes.
 """
@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from conftest import labelled_sample
-from shardfeed.formats import decompressed
-from shardfeed.formats.batch import BatchReader
-from shardfeed.formats.columns import DECODED
+from shardfeed.formats.engine import decompressed
+from shardfeed.formats.engine.batch import BatchReader
+from shardfeed.formats.engine.columns import DECODED
 from shardfeed.formats.index import open_index
 from shardfeed.loader import Loader, ShardDataset
 
