@@ -153,7 +153,8 @@ def _options(args):
         try:
             import ray  # noqa: F401  (checked here so the error comes before any work)
         except ImportError:
-            raise ValueError("--engine ray needs Ray: pip install 'ray[data]' (from a shardfeed clone: pip install -e '.[ray]')") from None
+            raise ValueError("--engine ray needs Ray: pip install 'ray[data]' "
+                             "(from a shardfeed clone: pip install -e '.[ray]')") from None
     return ConvertOptions(format=args.format, max_shard_bytes=max_bytes, max_shard_samples=args.max_shard_samples,
                           compression=comp.lower() if comp else None, processes=args.processes,
                           shuffle_seed=args.shuffle_seed, overwrite=args.overwrite,
