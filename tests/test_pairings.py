@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from conftest import labelled_sample
+from loader_helpers import rows_until
 from shardfeed.formats import ShardError, ShardWriter
 from shardfeed.formats.engine.batch import BatchReader
 from shardfeed.formats.index import open_index
@@ -52,15 +53,8 @@ def datasets(tmp_path_factory):
 def _rows(root, shuffle, workers=0, cache_dir=None, state=None, stop=None):
     """(key, bin, cls) of every sample delivered, batch by batch; and the state after ``stop`` batches."""
     ds = ShardDataset(root, shuffle=shuffle, seed=5, cache_dir=cache_dir, decode=True)
-    out = []
-    with Loader(ds, batch_size=100, num_workers=workers) as ld:
-        if state is not None:
-            ld.load_state_dict(state)
-        for b in ld:
-            out.append(list(zip(b["__key__"], [bytes(x) for x in b["bin"]], b["cls"].tolist())))
-            if stop is not None and len(out) == stop:
-                return out, ld.state_dict()
-    return out, None
+    return rows_until(Loader(ds, batch_size=100, num_workers=workers),
+                      lambda b: list(zip(b["__key__"], [bytes(x) for x in b["bin"]], b["cls"].tolist())), state, stop)
 
 
 @pytest.mark.parametrize("shuffle", ["global", "none"])
