@@ -21,6 +21,7 @@ from shardfeed.formats import ShardError, open_index
 from shardfeed.formats.batch import check_read_mode
 from shardfeed.formats.commit_log import open_stream_index
 from shardfeed.formats.errors import ReadError
+from shardfeed.formats.index import INDEX_NAME, LOG_DIR, DatasetIndex
 from shardfeed.loader import state as _state
 from shardfeed.loader import topology as _topology
 from shardfeed.loader.batcher import BatchMaker
@@ -143,7 +144,7 @@ class ShardDataset(torch.utils.data.IterableDataset):
             if locality:
                 raise ValueError("locality=True is not available with follow=True (a stream is dealt by "
                                  "global batch in commit order); drop one of them")
-            self.index = open_stream_index(_local_folder(source))[0]  # may be empty: samples come later
+            self.index = _stream_index(_local_folder(source))  # may be empty: samples come later
         else:
             self.index = open_index(source, on_error=on_error)
             # a foreign tar that cannot be scanned is left out under skip: logged once, like any bad shard
@@ -184,6 +185,15 @@ class ShardDataset(torch.utils.data.IterableDataset):
                     "replay": self.replay, "window": self.window}
         return _state.fingerprint(self)
 
+    def identity(self) -> dict:
+        """The data's content, named in a saved state beside the fingerprint: the index's
+        content digest (a followed stream's identity is its first shard, known to its feed)."""
+        if self.follow:
+            return {}
+        if self.__dict__.get("_digest") is None:
+            self._digest = _state.index_digest(self.index)
+        return {"digest": self._digest}
+
     def feed(self, schedule: BatchSchedule) -> EpochFeed | FollowFeed:
         """This rank's feed under ``schedule`` (what a Loader reads from):
         epochs of a fixed dataset, or the stream of a followed one."""
@@ -195,7 +205,7 @@ class ShardDataset(torch.utils.data.IterableDataset):
                               poll_s=self.poll_s, idle_timeout_s=self.idle_timeout_s, replay=self.replay,
                               window=self.window)
         return EpochFeed(self.spec, schedule, t.rank, t.world_size, t.ranks_per_node, self.fingerprint(),
-                         epoch=self.epoch)
+                         epoch=self.epoch, identity=self.identity())
 
     def unbatched_plan(self, epoch: int | None = None):
         """This rank's plan for reading sample by sample (a plain torch DataLoader, ``len()``)."""
@@ -277,10 +287,18 @@ def _is_url(source: str) -> bool:
 
 def _local_folder(source: str) -> str:
     folder = source.removeprefix("file://")
-    if not os.path.isdir(folder):
+    if os.path.exists(folder) and not os.path.isdir(folder):
         raise ShardError(source, "follow=True needs the folder of a growing dataset (ShardWriter(append=True)); "
-                                 "no such folder")
+                                 "this is not a folder")
     return folder
+
+
+def _stream_index(folder: str) -> DatasetIndex:
+    """What a followed folder has published; empty while no dataset is there yet (a follower
+    may start before its writer: its feed waits for the dataset under the idle timeout)."""
+    if not (os.path.exists(os.path.join(folder, INDEX_NAME)) or os.path.isdir(os.path.join(folder, LOG_DIR))):
+        return DatasetIndex(folder, [], [], [], [], [], (), {"folded_seq": 0, "seen_seq": 0})
+    return open_stream_index(folder)[0]
 
 
 def _as_samples(samples: list[dict]) -> list[dict]:

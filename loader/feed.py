@@ -27,7 +27,14 @@ import numpy as np
 
 from shardfeed.loader.schedule import BatchSchedule, Stage
 from shardfeed.loader.state_checks import VERSION as STATE_VERSION
-from shardfeed.loader.state_checks import check_batch_sizes, check_header, check_ints, check_same_data
+from shardfeed.loader.state_checks import (
+    check_batch_sizes,
+    check_header,
+    check_ints,
+    check_same_content,
+    check_same_data,
+    out_of_range,
+)
 from shardfeed.shuffling import EpochPlan
 from shardfeed.shuffling.spec import Job, PlanSpec
 
@@ -94,8 +101,9 @@ class EpochFeed(Feed):
 
     spec: what is shuffled (shuffling.PlanSpec); schedule: batch and image
     size by epoch; rank / world_size / ranks_per_node: this process's place;
-    fingerprint: plain data naming the dataset and shuffle, checked on reset
-    so a state is never applied to other data.
+    fingerprint: plain data naming the dataset's shape and shuffle; identity:
+    the data's content (``{"digest": ...}`` of the index); both are checked on
+    reset, so a state is never applied to other data.
 
     Position: (epoch, step, history). ``history`` lists the earlier jobs of
     this epoch when the world size or batch sizes changed midway (elastic
@@ -105,8 +113,11 @@ class EpochFeed(Feed):
     kind = "epoch"
 
     def __init__(self, spec: PlanSpec, schedule: BatchSchedule, rank: int, world_size: int,
-                 ranks_per_node: int | None = None, fingerprint: dict | None = None, epoch: int = 0):
+                 ranks_per_node: int | None = None, fingerprint: dict | None = None, epoch: int = 0,
+                 identity: dict | None = None):
         self.spec = spec
+        self.identity = dict(identity or {})
+        self._valid: set = set()  # (epoch, history) whose saved consumed counts were checked
         self.schedule = schedule
         self.rank, self.world_size, self.ranks_per_node = rank, world_size, ranks_per_node
         self.fingerprint = dict(fingerprint or {})
@@ -196,7 +207,7 @@ class EpochFeed(Feed):
             "world_size": job.world_size, "batch_sizes": list(job.batch_sizes),
             "history": [[j.world_size, list(j.batch_sizes), [int(c) for c in consumed]] for j, consumed in self.history]
             if self.history else [],
-            "dataset": dict(self.fingerprint),
+            "dataset": dict(self.fingerprint), "data": dict(self.identity),
         }
 
     def reset(self, state: dict | None = None) -> None:
@@ -207,16 +218,34 @@ class EpochFeed(Feed):
         if state is None:
             self.step, self.history = 0, ()
             return
-        s = check_state(state, self.fingerprint)
+        s = check_state(state, self.fingerprint, self.identity)
         epoch = s["epoch"]
         history = tuple((Job(w, tuple(b), self.ranks_per_node), tuple(c)) for w, b, c in s["history"])
+        self._check_history(epoch, history)
         job = self.job(epoch)
-        if s["world_size"] == job.world_size and list(s["batch_sizes"]) == list(job.batch_sizes):
+        old = Job(s["world_size"], tuple(s["batch_sizes"]), self.ranks_per_node)
+        same = old.world_size == job.world_size and old.batch_sizes == job.batch_sizes
+        steps = self.steps(epoch, history) if same else self.spec.plan(epoch, old, 0, history).steps(old.batch_size(0))
+        if s["step"] > steps:
+            raise out_of_range("step", s["step"], 0, steps, f"epoch {epoch} of the saved job "
+                               f"({old.world_size} rank(s), batch sizes {list(old.batch_sizes)}: {steps} steps)")
+        if same:
             self.epoch, self.step, self.history = epoch, s["step"], history
             return
-        old = Job(s["world_size"], tuple(s["batch_sizes"]), self.ranks_per_node)
         consumed = self.spec.consumed(epoch, old, s["step"], history)
         self.epoch, self.step, self.history = epoch, 0, history + ((old, consumed),)
+
+    def _check_history(self, epoch: int, history: tuple) -> None:
+        """Each earlier job's consumed counts lie inside its ranks' shares (checked once per history)."""
+        if not history or (epoch, history) in self._valid:
+            return
+        for i, (job, consumed) in enumerate(history):
+            for r, c in enumerate(consumed):
+                n = self.spec.plan(epoch, job, r, history[:i]).num_samples
+                if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c <= n:
+                    raise out_of_range(f"history[{i}] consumed[{r}]", c, 0, n,
+                                       f"rank {r}'s share of epoch {epoch} in that job")
+        self._valid.add((epoch, history))
 
     def lookahead(self, k: int, epochs: int = 2) -> list[Upcoming]:
         """Up to ``k`` shards in order of next use from the current position,
@@ -253,7 +282,7 @@ class EpochFeed(Feed):
                 f"resizes={len(self.history)})")
 
 
-def check_state(state: dict, fingerprint: dict) -> dict:
+def check_state(state: dict, fingerprint: dict, identity: dict | None = None) -> dict:
     """Validate an epoch feed's state against this dataset; ValueError naming the mismatch and the fix."""
     check_header(state, "epoch", "resume a dataset from a Loader state of the same kind of dataset")
     check_ints(state, {"epoch": 0, "step": 0, "world_size": 1})
@@ -265,4 +294,5 @@ def check_state(state: dict, fingerprint: dict) -> dict:
         raise ValueError(f"state['history']={hist!r} must be a list of [world_size, batch_sizes, consumed], "
                          "one batch size and one consumed count per rank of each earlier job")
     check_same_data(state, fingerprint, "open the same dataset with the same shuffle, seed and drop_last to resume")
+    check_same_content(state, identity or {}, "this dataset", "resume from a state saved for this dataset")
     return state

@@ -48,16 +48,18 @@ import time
 
 import numpy as np
 
-from shardfeed.formats.commit_log import LOG_DIR, open_stream_index, read_commits
+from shardfeed.formats.commit_log import INDEX_NAME, LOG_DIR, open_stream_index, read_commits
 from shardfeed.formats.errors import ShardError
 from shardfeed.loader.feed import STATE_VERSION, Feed, Upcoming, WorkItem
 from shardfeed.loader.schedule import BatchSchedule, Stage
+from shardfeed.loader.state import stream_identity
 from shardfeed.loader.state_checks import (
     check_batch_sizes,
     check_header,
     check_ints,
     check_same_data,
     check_stream_position,
+    out_of_range,
 )
 from shardfeed.shuffling.spec import Job
 
@@ -161,22 +163,51 @@ def tail_shares(n: int, batch_sizes: tuple[int, ...]) -> list[tuple[int, int]]:
 class _Log:
     """What has been published so far: cumulative sample counts per shard,
     commit seqs, and the end. Grows by reading only the log entries after
-    the last seen commit."""
+    the last seen commit. A folder that does not hold a dataset yet (missing,
+    or neither index.arrow nor a commit log: a follower started before its
+    writer) reads as empty and open; each poll looks for it again."""
 
     def __init__(self, root: str):
         self.root = root
-        index, view = open_stream_index(root)
+        self.names: list[str] = []
+        self.counts: list[int] = []
+        self.seqs: list[int] = []
+        self.offsets = np.zeros(1, np.int64)
+        self.end: int | None = None
+        self.seen = 0
+        self.first: tuple[str, str] | None = None  # (name, hash) of the first published shard
+        self.exists = False
+        self.last_change = time.monotonic()
+        self._open()
+
+    def _open(self) -> bool:
+        """Read the dataset if it appeared; False while it has not."""
+        if not (os.path.exists(os.path.join(self.root, INDEX_NAME)) or os.path.isdir(os.path.join(self.root, LOG_DIR))):
+            if os.path.exists(self.root) and not os.path.isdir(self.root):
+                raise ShardError(self.root, "follow=True needs the folder of a growing dataset "
+                                            "(ShardWriter(append=True)); this is not a folder")
+            return False
+        index, view = open_stream_index(self.root)
+        self.exists = True
         self.names = list(index.names)
         self.counts = [int(c) for c in index.counts]
+        if self.names:
+            self.first = (index.names[0], index.hashes[0])
         # the commit seq of each shard; rows folded into index.arrow carry its log_seq
         folded = len(index) - len(view.shards)
         self.seqs = [int(index.meta["folded_seq"])] * folded + [seq for seq, _ in view.shards]
         self.offsets = np.asarray(index.offsets, np.int64)
         # a dataset without a commit log was written whole (no append): complete, as if ended
-        growing = os.path.isdir(os.path.join(root, LOG_DIR))
+        growing = os.path.isdir(os.path.join(self.root, LOG_DIR))
         self.end = view.end if growing else int(index.meta["folded_seq"])
         self.seen = int(index.meta.get("seen_seq", 0))
         self.last_change = time.monotonic()
+        return True
+
+    @property
+    def identity(self) -> str | None:
+        """The stream's identity (its first published shard), None before one is published."""
+        return stream_identity(*self.first) if self.first is not None else None
 
     @property
     def total(self) -> int:
@@ -186,9 +217,13 @@ class _Log:
         """Read new commits; True if any arrived."""
         if self.end is not None:
             return False
+        if not self.exists:
+            return self._open()
         view = read_commits(self.root, after=self.seen)
         if not view.shards and view.end is None:
             return False
+        if view.shards and self.first is None:
+            self.first = (view.shards[0][1].name, view.shards[0][1].hash)
         for seq, info in view.shards:
             self.names.append(info.name)
             self.counts.append(info.samples)
@@ -208,6 +243,11 @@ class _Log:
         while self.total < need and self.end is None:
             if not self.poll():
                 idle = time.monotonic() - max(self.last_change, waited_from)
+                if idle >= idle_timeout_s and not self.exists:
+                    raise ShardError(self.root, f"no dataset appeared here for {idle:.1f} s (idle_timeout_s="
+                                                f"{idle_timeout_s:g}): no {INDEX_NAME} and no commit log "
+                                                f"({LOG_DIR}/) while step {step} waits for its first samples; "
+                                                "start the writer (ShardWriter(root, append=True)) or check the path")
                 if idle >= idle_timeout_s:
                     raise ShardError(self.root, f"no commit arrived for {idle:.1f} s (idle_timeout_s="
                                                 f"{idle_timeout_s:g}) while step {step} waits for "
@@ -286,11 +326,7 @@ class FollowFeed(Feed):
 
     def _per(self) -> int:
         """New stream samples per full global batch: G less the replayed ones."""
-        G = sum(self._sizes())
-        per = G - round(self.replay * G)
-        if per < 1:
-            raise ValueError(f"replay={self.replay} leaves no new sample in a global batch of {G}; lower it")
-        return per
+        return _per_of(self._sizes(), self.replay)
 
     def _replay_ids(self, g: int) -> np.ndarray:
         """This rank's ids of full global batch ``g`` of the job with replay:
@@ -380,7 +416,7 @@ class FollowFeed(Feed):
             "base": self.base, "base_step": self.base_step, "world_size": self.world_size,
             "batch_sizes": list(self._sizes()), "done": self.done,
             "watermark": {"samples": consumed, "seq": self.log.seq_at(consumed)},
-            "dataset": dict(self.fingerprint),
+            "dataset": dict(self.fingerprint), "data": {"stream": self.log.identity},
         }
 
     def reset(self, state: dict | None = None) -> None:
@@ -389,6 +425,7 @@ class FollowFeed(Feed):
             self.step, self.base, self.base_step, self.done = 0, 0, 0, False
             return
         s = check_state(state, self.fingerprint)
+        check_stream_state(s, self.log, self.drop_last, lambda sizes: _per_of(sizes, self.replay))
         if s["world_size"] == self.world_size and tuple(s["batch_sizes"]) == self._sizes():
             self.step, self.base, self.base_step, self.done = s["step"], s["base"], s["base_step"], s["done"]
             return
@@ -434,6 +471,52 @@ def check_state(state: dict, fingerprint: dict) -> dict:
     check_stream_position(state)
     check_same_data(state, fingerprint, "follow the same dataset with the same seed, shuffle and drop_last")
     return state
+
+
+def _per_of(sizes, replay: float) -> int:
+    G = sum(sizes)
+    per = G - round(replay * G)
+    if per < 1:
+        raise ValueError(f"replay={replay} leaves no new sample in a global batch of {G}; lower it")
+    return per
+
+
+def check_stream_state(s: dict, log: _Log, drop_last: bool, per_of) -> None:
+    """A stream state names this stream and a position inside what it published:
+    its identity (version 2), base, step and watermark agree with the saved job's
+    dealing (``per_of(batch sizes)`` new samples per full global batch). The log
+    is polled once when the state is ahead of it. ValueError otherwise."""
+    wm = s["watermark"]["samples"]
+    if wm > log.total or not log.exists:
+        log.poll()
+    if s["version"] >= 2:
+        data = s.get("data")
+        theirs = data.get("stream") if isinstance(data, dict) else 0
+        if not (theirs is None or isinstance(theirs, str)) or (theirs is None and wm > 0):
+            raise ValueError(f"state['data']={data!r} must name the stream it belongs to "
+                             "({'stream': identity}, None only before any sample was consumed)")
+        ours = log.identity
+        if theirs is not None and ours != theirs:
+            now = "has published nothing" if ours is None else f"is stream {ours}"
+            raise ValueError(f"state belongs to stream {theirs} ({wm} samples consumed) but {log.root} {now}: "
+                             "another growing dataset, or one recreated in the same folder; resume a stream "
+                             "only from its own state")
+    total, ended = log.total, log.end is not None
+    base, step, base_step = s["base"], s["step"], s["base_step"]
+    if base > total:
+        raise out_of_range("base", base, 0, total, f"the {total} samples {log.root} has published")
+    per = per_of(s["batch_sizes"])
+    full, tail = divmod(total - base, per)
+    hi = base_step + full + (1 if ended and tail and not drop_last else 0)
+    if not base_step <= step <= hi:
+        what = "the ended stream" if ended else "the published stream"
+        raise out_of_range("step", step, base_step, hi, f"{what} {log.root} ({total} samples, {per} new per step "
+                           f"from sample {base} at step {base_step})")
+    g = step - base_step
+    want = total if g == full + 1 else base + g * per
+    if wm != want:
+        raise ValueError(f"state['watermark']['samples']={wm} does not match its step {step} (the saved job "
+                         f"consumed {want} samples there); the state was edited or belongs to other data")
 
 
 class FollowMaker:

@@ -25,6 +25,7 @@ seed derived from ``seed`` and its position).
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from fractions import Fraction
@@ -32,6 +33,7 @@ from fractions import Fraction
 import numpy as np
 
 from shardfeed.formats.index import DatasetIndex
+from shardfeed.loader import state as _state
 from shardfeed.loader import topology as _topology
 from shardfeed.loader.batcher import BatchMaker
 from shardfeed.loader.dataset import ShardDataset
@@ -184,17 +186,13 @@ class Mixture:
         got = self._memo.get(epoch)
         if got is not None:
             return got
-        m = len(self.sources)
         if self._counts is not None:
             raw = list(self._counts(epoch))
             what = "counts"
         else:
             raw = list(self._weights(epoch))
             what = "weights"
-        if len(raw) != m or any(isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating))
-                                or v < 0 for v in raw) or sum(raw) <= 0:
-            raise ValueError(f"{what} of epoch {epoch} = {raw!r}: give one number >= 0 per source ({m} sources: "
-                             f"{self.names}), not all zero")
+        self._check_numbers(raw, what, epoch)
         if what == "counts":
             if any(int(v) != v for v in raw):
                 raise ValueError(f"counts of epoch {epoch} = {raw!r} must be whole numbers of samples")
@@ -209,12 +207,19 @@ class Mixture:
 
     def weights_at(self, epoch: int) -> list:
         raw = list(self._weights(epoch))
-        m = len(self.sources)
-        if len(raw) != m or any(isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating))
-                                or v < 0 for v in raw) or sum(raw) <= 0:
-            raise ValueError(f"weights of epoch {epoch} = {raw!r}: give one number >= 0 per source ({m} sources: "
-                             f"{self.names}), not all zero")
+        self._check_numbers(raw, "weights", epoch)
         return raw
+
+    def _check_numbers(self, raw: list, what: str, epoch: int) -> None:
+        """One finite number >= 0 per source, not all zero (NaN and inf have no share of a count)."""
+        m = len(self.sources)
+        bad = [i for i, v in enumerate(raw) if isinstance(v, bool)
+               or not isinstance(v, (int, float, np.integer, np.floating)) or not math.isfinite(v) or v < 0]
+        if len(raw) != m or bad or sum(raw) <= 0:
+            why = (f"{what}[{bad[0]}]={raw[bad[0]]!r} is not a finite number >= 0" if bad and len(raw) == m
+                   else f"{len(raw)} given" if len(raw) != m else "all are zero")
+            raise ValueError(f"{what} of epoch {epoch} = {raw!r}: {why}; give one number >= 0 per source, "
+                             f"finite ({m} sources: {self.names}), not all zero")
 
     def batch_counts(self, G: int) -> list[int]:
         """A stream mixture's samples per source in each global batch of ``G``."""
@@ -281,6 +286,13 @@ class Mixture:
         if self.epoch_steps is not None:
             fp["epoch_steps"] = self.epoch_steps
         return fp
+
+    def identity(self) -> dict:
+        """Each source's content digest (None for a followed source: its feed names the stream)."""
+        if self.__dict__.get("_digests") is None:
+            self._digests = [None if i == self.stream else _state.index_digest(s.index)
+                             for i, s in enumerate(self.sources)]
+        return {"digests": list(self._digests)}
 
     def feed(self, schedule: BatchSchedule) -> MixtureFeed:
         t = self.topology

@@ -46,7 +46,9 @@ from shardfeed.loader.state_checks import (
     check_batch_sizes,
     check_header,
     check_ints,
+    check_same_content,
     check_same_data,
+    out_of_range,
 )
 from shardfeed.shuffling.spec import Job
 
@@ -162,6 +164,7 @@ class MixtureFeed(Feed):
         self.schedule = schedule
         self.rank, self.world_size, self.ranks_per_node = rank, world_size, ranks_per_node
         self.fingerprint = mixture.fingerprint()
+        self.identity = mixture.identity()
         self.drop_last = mixture.drop_last
         self.epoch, self.step, self.base, self.base_step = int(epoch), 0, 0, 0
         self._plan: tuple | None = None
@@ -251,14 +254,15 @@ class MixtureFeed(Feed):
         return {"version": STATE_VERSION, "kind": self.kind, "epoch": self.epoch, "step": self.step,
                 "base": self.base, "base_step": self.base_step, "world_size": job.world_size,
                 "batch_sizes": list(job.batch_sizes), "counts": list(self.mixture.counts_at(self.epoch)),
-                "starts": list(self.mixture.starts_at(self.epoch)), "dataset": dict(self.fingerprint)}
+                "starts": list(self.mixture.starts_at(self.epoch)), "dataset": dict(self.fingerprint),
+                "data": dict(self.identity)}
 
     def reset(self, state: dict | None = None) -> None:
         """Go to ``state`` (this or another world size / batch sizes), or to the start of the current epoch."""
         if state is None:
             self.step, self.base, self.base_step = 0, 0, 0
             return
-        s = check_state(state, self.fingerprint)
+        s = check_state(state, self.fingerprint, self.identity, len(self.mixture.sources))
         epoch = s["epoch"]
         mx = self.mixture
         if mx.epoch_steps is not None and s["counts"] != mx.counts_at(epoch) and "starts" in s:
@@ -274,6 +278,14 @@ class MixtureFeed(Feed):
             raise ValueError(f"state's epoch {epoch} mixes counts {s['counts']} but this Mixture gives {counts} "
                              "(weights, counts or epoch_samples changed); resume with the same mixture settings")
         job = self.job(epoch)
+        total, G_old = sum(counts), sum(s["batch_sizes"])
+        if s["base"] > total:
+            raise out_of_range("base", s["base"], 0, total, f"epoch {epoch}'s {total} mixed samples")
+        full, tail = divmod(total - s["base"], G_old)
+        hi = s["base_step"] + full + (1 if tail and not self.drop_last else 0)
+        if not s["base_step"] <= s["step"] <= hi:
+            raise out_of_range("step", s["step"], s["base_step"], hi, f"epoch {epoch} of the saved job "
+                               f"({total} mixed samples, global batch {G_old}, from position {s['base']})")
         self.epoch = epoch
         if s["world_size"] == job.world_size and list(s["batch_sizes"]) == list(job.batch_sizes):
             self.step, self.base, self.base_step = s["step"], s["base"], s["base_step"]
@@ -319,12 +331,17 @@ def apportion_like(mixture, epoch: int, total: int) -> list[int]:
     return apportion(total, list(mixture._weights(epoch)))
 
 
-def check_state(state: dict, fingerprint: dict) -> dict:
+def check_state(state: dict, fingerprint: dict, identity: dict | None = None, sources: int | None = None) -> dict:
     """Validate a mixture feed's state; ValueError naming the mismatch and the fix."""
     check_header(state, MixtureFeed.kind, "resume a Mixture from a Mixture Loader's state")
     check_ints(state, {"epoch": 0, "step": 0, "base": 0, "base_step": 0, "world_size": 1})
     check_batch_sizes(state)
-    if not isinstance(state.get("counts"), list):
-        raise ValueError(f"state['counts']={state.get('counts')!r} must list the epoch's count per source")
+    for key in ("counts", "starts"):
+        v = state.get(key)
+        if key in state or key == "counts":
+            if not isinstance(v, list) or (sources is not None and len(v) != sources) or not all(
+                    isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v):
+                raise ValueError(f"state[{key!r}]={v!r} must list the epoch's int >= 0 per source")
     check_same_data(state, fingerprint, "open the same sources with the same seed, shuffle and drop_last")
+    check_same_content(state, identity or {}, "this Mixture's sources", "open the same sources to resume")
     return state

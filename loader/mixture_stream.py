@@ -38,13 +38,14 @@ import numpy as np
 
 from shardfeed.formats.errors import ShardError
 from shardfeed.loader.feed import STATE_VERSION, Feed, Upcoming, WorkItem
-from shardfeed.loader.follow import _Log, tail_shares
+from shardfeed.loader.follow import _Log, check_stream_state, tail_shares
 from shardfeed.loader.mixture_feed import MixturePlan, interleave
 from shardfeed.loader.schedule import BatchSchedule, Stage
 from shardfeed.loader.state_checks import (
     check_batch_sizes,
     check_header,
     check_ints,
+    check_same_content,
     check_same_data,
     check_stream_position,
 )
@@ -133,6 +134,7 @@ class MixtureStreamFeed(Feed):
         self.rank, self.world_size, self.ranks_per_node = rank, world_size, ranks_per_node
         self.drop_last = mixture.drop_last
         self.fingerprint = mixture.fingerprint()
+        self.identity = mixture.identity()  # the fixed sources' digests (the stream's is its log's)
         self.log = _Log(self.root)
         self.epoch = 0
         m = len(mixture.sources)
@@ -241,7 +243,7 @@ class MixtureStreamFeed(Feed):
                 "fixed": list(self.fixed), "base_step": self.base_step, "world_size": job.world_size,
                 "batch_sizes": list(job.batch_sizes), "counts": self.counts(), "done": self.done,
                 "watermark": {"samples": stream, "seq": self.log.seq_at(stream)}, "fixed_at": fixed,
-                "dataset": dict(self.fingerprint)}
+                "dataset": dict(self.fingerprint), "data": {**self.identity, "stream": self.log.identity}}
 
     def reset(self, state: dict | None = None) -> None:
         """Go to ``state`` (this or another world size / batch sizes), or to the stream's start."""
@@ -249,7 +251,8 @@ class MixtureStreamFeed(Feed):
         if state is None:
             self.step, self.base, self.fixed, self.base_step, self.done = 0, 0, [0] * m, 0, False
             return
-        s = check_state(state, self.fingerprint, m)
+        s = check_state(state, self.fingerprint, m, self.identity)
+        self._check_position(s)
         if s["world_size"] == self.world_size and tuple(s["batch_sizes"]) == self.job().batch_sizes:
             self.step, self.base, self.fixed = s["step"], s["base"], list(s["fixed"])
             self.base_step, self.done = s["base_step"], s["done"]
@@ -261,6 +264,23 @@ class MixtureStreamFeed(Feed):
             self.log.poll()
         if self.log.end is not None and self.base >= self.log.total:
             self.done = True
+
+    def _check_position(self, s: dict) -> None:
+        """The saved stream position lies in what the stream published, and the fixed
+        sources' positions agree with it (ValueError otherwise)."""
+        mx, i_s = self.mixture, self.mixture.stream
+        counts = mx.batch_counts(sum(s["batch_sizes"]))
+        if s["counts"] != counts:
+            raise ValueError(f"state['counts']={s['counts']} but the weights give {counts} for its global batch "
+                             f"of {sum(s['batch_sizes'])}; resume with the same weights")
+        check_stream_state(s, self.log, self.drop_last, lambda sizes: counts[i_s])
+        g = s["step"] - s["base_step"]
+        if s["watermark"]["samples"] == self.log.total and g == (self.log.total - s["base"]) // counts[i_s] + 1:
+            g -= 1  # the tail (stream samples only) was taken
+        want = [0 if i == i_s else f + g * c for i, (f, c) in enumerate(zip(s["fixed"], counts))]
+        if s["fixed_at"] != want or s["fixed"][i_s] != 0:
+            raise ValueError(f"state['fixed_at']={s['fixed_at']} does not match its step {s['step']} (the saved "
+                             f"job had consumed {want}); the state was edited or belongs to other data")
 
     def lookahead(self, k: int, epochs: int = 1) -> list[Upcoming]:
         """Up to ``k`` shards of the combined index this rank reads next (published batches only)."""
@@ -289,7 +309,7 @@ class MixtureStreamFeed(Feed):
                 f"published={self.log.total}, ended={self.log.end is not None})")
 
 
-def check_state(state: dict, fingerprint: dict, sources: int) -> dict:
+def check_state(state: dict, fingerprint: dict, sources: int, identity: dict | None = None) -> dict:
     """Validate a stream mixture's state; ValueError naming the mismatch and the fix."""
     check_header(state, MixtureStreamFeed.kind,
                  "resume a Mixture with a followed source from such a Mixture's Loader state")
@@ -301,6 +321,8 @@ def check_state(state: dict, fingerprint: dict, sources: int) -> dict:
     check_batch_sizes(state)
     check_stream_position(state)
     check_same_data(state, fingerprint, "open the same sources with the same weights, seeds and shuffles")
+    check_same_content(state, {**(identity or {}), "stream": None}, "this Mixture's sources",
+                       "open the same sources to resume")
     return state
 
 

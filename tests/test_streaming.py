@@ -301,8 +301,10 @@ def test_compact_while_following(tmp_path):
 
 
 def test_follow_needs_a_folder(tmp_path):
-    with pytest.raises(ShardError, match="growing dataset"):
-        ShardDataset(tmp_path / "nope", follow=True)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ShardError, match="growing dataset.*not a folder"):
+        ShardDataset(tmp_path / "file", follow=True)
+    # a folder that does not exist yet is waited for (tests/test_follow_start.py)
     with pytest.raises(TypeError, match="no fixed plan or length"):
         len(ShardDataset(_mk_live(tmp_path), follow=True))
 
