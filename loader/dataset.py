@@ -10,6 +10,7 @@ sample dicts unless a transform or collate_fn asks for them.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -26,8 +27,9 @@ from shardfeed.loader import state as _state
 from shardfeed.loader import topology as _topology
 from shardfeed.loader.batcher import BatchMaker
 from shardfeed.loader.errors import ErrorPolicy
-from shardfeed.loader.feed import EpochFeed
-from shardfeed.loader.follow import IDLE_TIMEOUT_S, POLL_S, FollowFeed, FollowMaker
+from shardfeed.loader.feeds.epoch import EpochFeed
+from shardfeed.loader.feeds.follow import FollowFeed
+from shardfeed.loader.feeds.stream_log import IDLE_TIMEOUT_S, POLL_S, RegrowMaker, stream_index
 from shardfeed.loader.schedule import BatchSchedule
 from shardfeed.shuffling import Order
 from shardfeed.shuffling.spec import Job, PlanSpec
@@ -73,7 +75,7 @@ class ShardDataset(torch.utils.data.IterableDataset):
     inside each unless ``shuffle="none"``), waits for new commits (polling
     every ``poll_s``; ShardError after ``idle_timeout_s`` without one) and
     ends at the end commit (``ShardWriter.end_stream()``); see
-    loader/follow.py for the dealing and end rules. The whole stream is one
+    loader/feeds/follow.py for the dealing and end rules. The whole stream is one
     epoch; ``len()`` is undefined. ``replay`` (a fraction in [0, 1)) fills
     that share of each global batch with older samples, drawn from the last
     ``window`` commits (None: all history), deterministically from the seed.
@@ -205,7 +207,7 @@ class ShardDataset(torch.utils.data.IterableDataset):
                               poll_s=self.poll_s, idle_timeout_s=self.idle_timeout_s, replay=self.replay,
                               window=self.window)
         return EpochFeed(self.spec, schedule, t.rank, t.world_size, t.ranks_per_node, self.fingerprint(),
-                         epoch=self.epoch, identity=self.identity())
+                         epoch=self.epoch, identity=self.identity(), name=str(self.source))
 
     def unbatched_plan(self, epoch: int | None = None):
         """This rank's plan for reading sample by sample (a plain torch DataLoader, ``len()``)."""
@@ -246,7 +248,7 @@ class ShardDataset(torch.utils.data.IterableDataset):
         return self.index.path(i)
 
     def maker(self, collate_fn: Callable | None = None, decode: bool | None = None,
-              readers: int = 1) -> BatchMaker | FollowMaker:
+              readers: int = 1) -> BatchMaker | RegrowMaker:
         """What reads this dataset's batches in one process; ``readers``: how many
         processes read at once (sizes what each keeps open in the cache)."""
         cached = None
@@ -257,7 +259,11 @@ class ShardDataset(torch.utils.data.IterableDataset):
         maker = BatchMaker(self.index, decode=self.decode if decode is None else decode, transform=self.transform,
                            collate_fn=collate_fn, policy=self.policy, read_mode=self.read_mode, cached=cached,
                            readers=readers)
-        return FollowMaker(maker, self.index.root) if self.follow else maker
+        if not self.follow:
+            return maker
+        root = self.index.root
+        return RegrowMaker(maker, functools.partial(stream_index, root), root,
+                           "sample {id} is not published ({n} samples in the index and log): the log lost commits?")
 
     # -- iteration (sample dicts, for a plain torch DataLoader) ---------
     def __iter__(self) -> Iterator[dict[str, Any]]:

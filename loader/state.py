@@ -22,7 +22,7 @@ without ``"data"``, are checked by the fingerprint and the positions only).
 
 All ranks step together, so one rank's state describes the whole job: any
 rank's state loaded by every rank of a job with another world size replans
-the rest of the epoch from these numbers (loader.feed.EpochFeed.reset).
+the rest of the epoch from these numbers (loader.feeds.epoch.EpochFeed).
 Version 1 states (the flat layout of shardfeed 0.1) are still read.
 """
 

@@ -18,7 +18,7 @@ from shardfeed.formats.kernels import tar_sizes
 from shardfeed.formats.kernels_batch import DST_POS, KPOS, LOCAL, NOT_OPEN, OK, OUT_OF_RANGE, SHARD, SLOT, tar_layout
 from shardfeed.loader import Loader, ShardDataset
 from shardfeed.loader.collate import Blob
-from shardfeed.loader.feed import EpochFeed
+from shardfeed.loader.feeds.epoch import EpochFeed
 from shardfeed.loader.schedule import BatchSchedule
 from shardfeed.shuffling import Topology, make_plan
 from shardfeed.shuffling.spec import PlanSpec

@@ -12,8 +12,8 @@ from conftest import labelled_sample
 from loader_helpers import check_save_restore, keys_of, step_together
 from shardfeed.formats import ShardWriter
 from shardfeed.loader import Loader, Mixture, ShardDataset
-from shardfeed.loader.mixture import apportion
-from shardfeed.loader.mixture_feed import interleave
+from shardfeed.shuffling.apportion import apportion
+from shardfeed.shuffling.mixture_plans import interleave
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from shardfeed.formats import ShardError, ShardWriter, compact
 from shardfeed.formats.commit_log import LOG_DIR, end_stream, open_stream_index, publish, read_commits
 from shardfeed.formats.index import ShardInfo
 from shardfeed.loader import Loader, ShardDataset
-from shardfeed.loader.follow import tail_shares
+from shardfeed.shuffling.apportion import tail_shares
 
 # A writer process: appends ``n`` samples (keys PREFIX-i) in shards of
 # ``per_shard``, sleeping a random bit between shards, then ends the stream
