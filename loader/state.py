@@ -2,7 +2,7 @@
 
     {"version": 2,
      "epoch": 3, "step": 120,     # where the job stands (readable copies of the feed's)
-     "feed": {"version": 1, "kind": "epoch",
+     "feed": {"version": 2, "kind": "epoch",
               "epoch": 3,         # epoch in progress
               "step": 120,        # steps every rank has taken in it (since the last resize)
               "world_size": 2,
