@@ -41,6 +41,7 @@ class StreamLog:
         self.end: int | None = None
         self.seen = 0
         self.first: tuple[str, str] | None = None  # (name, hash) of the first published shard
+        self._identity: str | None = None
         self.exists = False
         self.last_change = time.monotonic()
         self._open()
@@ -72,7 +73,9 @@ class StreamLog:
     @property
     def identity(self) -> str | None:
         """The stream's identity (its first published shard), None before one is published."""
-        return stream_identity(*self.first) if self.first is not None else None
+        if self._identity is None and self.first is not None:
+            self._identity = stream_identity(*self.first)
+        return self._identity
 
     @property
     def total(self) -> int:
