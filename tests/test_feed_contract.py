@@ -12,6 +12,7 @@ import pytest
 
 from shardfeed.formats import ShardWriter
 from shardfeed.loader import BatchSchedule, Mixture, ShardDataset, Stage
+from shardfeed.shuffling.plan_protocol import Plan
 
 
 def _write(root, prefix, n, per, append=False):
@@ -34,6 +35,7 @@ def trace(feed, epochs: int, k: int = 3) -> list:
                 item = feed.next()
             except StopIteration:
                 break
+            assert isinstance(item.plan, Plan)  # every feed's plans have the one declared shape
             out.append((ahead, item.epoch, item.step, item.start, item.stop, item.ids().tolist(),
                         item.stage, item.state))
         out.append(("end", feed.get_state()))
@@ -98,6 +100,12 @@ def test_follow_feed_keeps_the_contract(tmp_path):
     for r in range(2):
         ds = ShardDataset(stream, follow=True, seed=2, rank=r, world_size=2, poll_s=0.01, idle_timeout_s=5)
         check_contract(lambda ds=ds: ds.feed(BatchSchedule.of([3, 2])), epochs=1)
+
+
+def test_follow_feed_with_replay_keeps_the_contract(tmp_path):
+    stream = _write(tmp_path / "live", "s", 60, 6, append=True)
+    ds = ShardDataset(stream, follow=True, seed=2, replay=0.25, window=3, poll_s=0.01, idle_timeout_s=5)
+    check_contract(lambda: ds.feed(BatchSchedule.of(8)), epochs=1)
 
 
 def _resumed(make_old, make_new, steps):
