@@ -28,7 +28,7 @@ from shardfeed.formats.engine.kernels_batch import (
 )
 from shardfeed.loader import Loader, ShardDataset
 from shardfeed.loader.collate import Blob
-from shardfeed.loader.feed import EpochFeed
+from shardfeed.loader.feeds.epoch import EpochFeed
 from shardfeed.loader.schedule import BatchSchedule
 from shardfeed.shuffling import Topology, make_plan
 from shardfeed.shuffling.spec import PlanSpec

@@ -1,33 +1,25 @@
-"""Feeds: what the Loader reads next, one work item at a time.
+"""EpochFeed: this rank's steps over the epochs of a fixed dataset.
 
-A feed is a small stateful object with one contract (torchdata.nodes'
-``reset / next / get_state``), so the Loader only delivers and a node-local
-cache, streaming and mixing attach to the same seam:
-
-    feed.reset(state)      # go to a position (None: the start of the current epoch)
-    feed.next()            # -> WorkItem, or StopIteration at the end of the epoch
-    feed.get_state()       # plain JSON data; reset(get_state()) continues exactly
-    feed.lookahead(k)      # -> up to k Upcoming(shard, epoch, step), in order of next use
-
-A work item is one step of this rank: the plan, the positions
-``[start, stop)`` of the plan it covers and the stage (batch and image size).
-It carries the feed's state *after* it, so a consumer that received items
-ahead of use (prefetch) saves the position of what it actually delivered.
-
-``EpochFeed`` walks the epochs of a fixed dataset; a follow feed (a growing
-dataset) and a mixture feed are its siblings.
+Each epoch's plan comes from shuffling (``PlanSpec.plan``: the order, the
+seed, the job and the elastic history); the feed walks it in steps of this
+rank's batch size. Position: (epoch, step, history), see ``EpochFeed``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import NamedTuple
-
 import numpy as np
 
-from shardfeed.loader.schedule import BatchSchedule, Stage
+from shardfeed.loader.feeds.base import AuditSources, Feed, Upcoming, WorkItem, check_epoch
+from shardfeed.loader.schedule import BatchSchedule
 from shardfeed.loader.state_checks import VERSION as STATE_VERSION
-from shardfeed.loader.state_checks import check_batch_sizes, check_header, check_ints, check_same_data
+from shardfeed.loader.state_checks import (
+    check_batch_sizes,
+    check_header,
+    check_ints,
+    check_same_content,
+    check_same_data,
+    out_of_range,
+)
 from shardfeed.shuffling import EpochPlan
 from shardfeed.shuffling.spec import Job, PlanSpec
 
@@ -35,67 +27,14 @@ _LOOKAHEAD_POSITIONS = 1 << 22  # positions one lookahead call may scan (bounds 
 _LOOKAHEAD_CHUNK = 1 << 16
 
 
-@dataclass(frozen=True)
-class WorkItem:
-    """One step: read positions [start, stop) of ``plan`` at ``stage``."""
-
-    epoch: int
-    step: int
-    plan: EpochPlan
-    start: int
-    stop: int
-    stage: Stage
-    state: dict  # the feed's state once this item is consumed
-
-    @property
-    def image_size(self) -> int | None:
-        return self.stage.image_size
-
-    def ids(self) -> np.ndarray:
-        return self.plan.positions(self.start, self.stop)
-
-
-class Upcoming(NamedTuple):
-    """A shard and the first step (of ``epoch``) that reads it."""
-
-    shard: int
-    epoch: int
-    step: int
-
-
-class Feed:
-    """The contract every feed keeps (see the module docstring); iterating a
-    feed yields its work items up to the end of the epoch (or stream)."""
-
-    kind = "feed"
-
-    def reset(self, state: dict | None = None) -> None:
-        raise NotImplementedError
-
-    def next(self) -> WorkItem:
-        raise NotImplementedError
-
-    def get_state(self) -> dict:
-        raise NotImplementedError
-
-    def lookahead(self, k: int) -> list[Upcoming]:
-        raise NotImplementedError
-
-    def __iter__(self):
-        while True:
-            try:
-                yield self.next()
-            except StopIteration:
-                return
-
-
 class EpochFeed(Feed):
     """This rank's steps over the epochs of a fixed dataset.
 
     spec: what is shuffled (shuffling.PlanSpec); schedule: batch and image
     size by epoch; rank / world_size / ranks_per_node: this process's place;
-    fingerprint: plain data naming the dataset and shuffle, checked on reset
-    so a state is never applied to other data.
+    fingerprint: plain data naming the dataset's shape and shuffle; identity:
+    the data's content (``{"digest": ...}`` of the index); both are checked on
+    reset, so a state is never applied to other data.
 
     Position: (epoch, step, history). ``history`` lists the earlier jobs of
     this epoch when the world size or batch sizes changed midway (elastic
@@ -105,37 +44,19 @@ class EpochFeed(Feed):
     kind = "epoch"
 
     def __init__(self, spec: PlanSpec, schedule: BatchSchedule, rank: int, world_size: int,
-                 ranks_per_node: int | None = None, fingerprint: dict | None = None, epoch: int = 0):
-        self.spec = spec
-        self.schedule = schedule
-        self.rank, self.world_size, self.ranks_per_node = rank, world_size, ranks_per_node
+                 ranks_per_node: int | None = None, fingerprint: dict | None = None, epoch: int = 0,
+                 identity: dict | None = None, name: str = "dataset"):
+        super().__init__(schedule, rank, world_size, ranks_per_node)
+        self.spec, self.name = spec, str(name)
+        self.identity = dict(identity or {})
+        self._valid: set = set()  # (epoch, history) whose saved consumed counts were checked
         self.fingerprint = dict(fingerprint or {})
         self.epoch, self.step, self.history = int(epoch), 0, ()
         self._cache: tuple | None = None
-        self._jobs: tuple | None = None  # (epoch, stage, job) of the last epoch asked about
         self._steps: tuple | None = None  # see _epoch_steps
         self.job(self.epoch)  # check the batch sizes against the world size now
 
-    # -- the job and plan of an epoch -------------------------------------
-    def _stage_job(self, epoch: int) -> tuple[Stage, Job]:
-        # next() asks for the stage and job several times per step: building
-        # and validating a Job each time cost ~10 us a step, so the last
-        # epoch's pair is kept (a schedule is a function of the epoch)
-        got = self._jobs
-        if got is None or got[0] != epoch:
-            stage = self.schedule.at(epoch)
-            w = self.world_size
-            got = self._jobs = (epoch, stage, Job(w, tuple(stage.rank_batch(r, w) for r in range(w)),
-                                                  self.ranks_per_node))
-        return got[1], got[2]
-
-    def stage(self, epoch: int | None = None) -> Stage:
-        return self._stage_job(self.epoch if epoch is None else epoch)[0]
-
-    def job(self, epoch: int | None = None) -> Job:
-        """The job this process is part of in ``epoch``: one batch size per rank."""
-        return self._stage_job(self.epoch if epoch is None else epoch)[1]
-
+    # -- the plan of an epoch --------------------------------------------
     def plan(self, epoch: int | None = None, history=None) -> EpochPlan:
         epoch = self.epoch if epoch is None else epoch
         history = self.history if history is None else history
@@ -145,24 +66,16 @@ class EpochFeed(Feed):
             self._cache = (key, self.spec.plan(epoch, job, self.rank, history))
         return self._cache[1]
 
-    def batch_size(self, epoch: int | None = None) -> int:
-        return self.job(epoch).batch_size(self.rank)
-
     def steps(self, epoch: int | None = None, history=None) -> int:
         """Steps of ``epoch`` (default: the current one, after its resizes)."""
         return self.plan(epoch, history).steps(self.batch_size(epoch))
 
-    def __len__(self) -> int:
-        """Steps of the current epoch from its start."""
-        return self.steps(history=())
-
     # -- the contract -------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
         """Go to the start of ``epoch``; a no-op for the current one (keeps a resumed position)."""
-        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
-            raise ValueError(f"epoch={epoch!r} must be an int >= 0")
-        if int(epoch) != self.epoch:
-            self.epoch, self.step, self.history = int(epoch), 0, ()
+        epoch = check_epoch(epoch)
+        if epoch != self.epoch:
+            self.epoch, self.step, self.history = epoch, 0, ()
 
     def next_epoch(self) -> None:
         """Move past a finished epoch."""
@@ -196,27 +109,48 @@ class EpochFeed(Feed):
             "world_size": job.world_size, "batch_sizes": list(job.batch_sizes),
             "history": [[j.world_size, list(j.batch_sizes), [int(c) for c in consumed]] for j, consumed in self.history]
             if self.history else [],
-            "dataset": dict(self.fingerprint),
+            "dataset": dict(self.fingerprint), "data": dict(self.identity),
         }
 
-    def reset(self, state: dict | None = None) -> None:
-        """Go to ``state`` (from get_state of this or of another world size), or
-        to the start of the current epoch. Another world size or other per-rank
-        batch sizes continue with exactly the samples the saved job had not
-        consumed (an elastic re-plan)."""
-        if state is None:
-            self.step, self.history = 0, ()
-            return
-        s = check_state(state, self.fingerprint)
+    def _start(self) -> None:
+        self.step, self.history = 0, ()
+
+    def _checked(self, state: dict) -> dict:
+        s = dict(check_state(state, self.fingerprint, self.identity))  # a copy: it gains "_history"
         epoch = s["epoch"]
-        history = tuple((Job(w, tuple(b), self.ranks_per_node), tuple(c)) for w, b, c in s["history"])
+        s["_history"] = history = tuple((Job(w, tuple(b), self.ranks_per_node), tuple(c)) for w, b, c in s["history"])
+        self._check_history(epoch, history)
         job = self.job(epoch)
-        if s["world_size"] == job.world_size and list(s["batch_sizes"]) == list(job.batch_sizes):
-            self.epoch, self.step, self.history = epoch, s["step"], history
-            return
+        old = Job(s["world_size"], tuple(s["batch_sizes"]), self.ranks_per_node)
+        same = old.world_size == job.world_size and old.batch_sizes == job.batch_sizes
+        steps = self.steps(epoch, history) if same else self.spec.plan(epoch, old, 0, history).steps(old.batch_size(0))
+        if s["step"] > steps:
+            raise out_of_range("step", s["step"], 0, steps, f"epoch {epoch} of the saved job "
+                               f"({old.world_size} rank(s), batch sizes {list(old.batch_sizes)}: {steps} steps)")
+        return s
+
+    def _restore(self, s: dict) -> None:
+        self.epoch, self.step, self.history = s["epoch"], s["step"], s["_history"]
+
+    def _rejob(self, s: dict) -> None:
+        """Another world size or other per-rank batch sizes: an elastic re-plan of exactly
+        the samples the saved job had not consumed."""
+        epoch, history = s["epoch"], s["_history"]
         old = Job(s["world_size"], tuple(s["batch_sizes"]), self.ranks_per_node)
         consumed = self.spec.consumed(epoch, old, s["step"], history)
         self.epoch, self.step, self.history = epoch, 0, history + ((old, consumed),)
+
+    def _check_history(self, epoch: int, history: tuple) -> None:
+        """Each earlier job's consumed counts lie inside its ranks' shares (checked once per history)."""
+        if not history or (epoch, history) in self._valid:
+            return
+        for i, (job, consumed) in enumerate(history):
+            for r, c in enumerate(consumed):
+                n = self.spec.plan(epoch, job, r, history[:i]).num_samples
+                if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c <= n:
+                    raise out_of_range(f"history[{i}] consumed[{r}]", c, 0, n,
+                                       f"rank {r}'s share of epoch {epoch} in that job")
+        self._valid.add((epoch, history))
 
     def lookahead(self, k: int, epochs: int = 2) -> list[Upcoming]:
         """Up to ``k`` shards in order of next use from the current position,
@@ -248,12 +182,21 @@ class EpochFeed(Feed):
             epoch, step, history = epoch + 1, 0, ()
         return out
 
+    # -- the audit ------------------------------------------------------------
+    def audit_sources(self) -> AuditSources:
+        return AuditSources([self.name], [self.spec.num_samples])
+
+    def audit_expect(self, item: WorkItem) -> dict:
+        plan = item.plan
+        unique = plan.total_samples - plan.dropped
+        return {"delivered": [unique], "unique": [unique], "padded": plan.padded}
+
     def __repr__(self) -> str:
         return (f"EpochFeed(rank={self.rank}/{self.world_size}, epoch={self.epoch}, step={self.step}, "
                 f"resizes={len(self.history)})")
 
 
-def check_state(state: dict, fingerprint: dict) -> dict:
+def check_state(state: dict, fingerprint: dict, identity: dict | None = None) -> dict:
     """Validate an epoch feed's state against this dataset; ValueError naming the mismatch and the fix."""
     check_header(state, "epoch", "resume a dataset from a Loader state of the same kind of dataset")
     check_ints(state, {"epoch": 0, "step": 0, "world_size": 1})
@@ -265,4 +208,5 @@ def check_state(state: dict, fingerprint: dict) -> dict:
         raise ValueError(f"state['history']={hist!r} must be a list of [world_size, batch_sizes, consumed], "
                          "one batch size and one consumed count per rank of each earlier job")
     check_same_data(state, fingerprint, "open the same dataset with the same shuffle, seed and drop_last to resume")
+    check_same_content(state, identity or {}, "this dataset", "resume from a state saved for this dataset")
     return state
