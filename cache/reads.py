@@ -34,7 +34,8 @@ from shardfeed.cache.fetch import FetchOptions
 from shardfeed.cache.store import ShardCache, ShardRef
 
 DEFAULT_DIR_ENV = "SHARDFEED_CACHE_DIR"
-_DISK_SHARE = 0.8  # default budget: this share of the disk space the cache could use
+_DISK_SHARE = 0.8
+_SIDECAR_FIXED = 2560  # schema, footer and metadata of a sidecar file  # default budget: this share of the disk space the cache could use
 
 _caches: dict[tuple, ShardCache] = {}
 _seen: dict[tuple, dict] = {}  # last cache counters handed out by take(), per process cache
@@ -63,6 +64,23 @@ def default_limit(cache_dir: str) -> int:
                 except FileNotFoundError:
                     pass
     return max(1, int((shutil.disk_usage(cache_dir).free + held) * _DISK_SHARE))
+
+
+def entry_bytes(index):
+    """What each shard's cache entry takes: the shard plus, for a tar with a
+    sidecar, an upper estimate of the sidecar (the index does not record its
+    size; Arrow's fixed part plus key, checksum and each member's offset, size
+    and field per sample), so budget checks count what the cache will hold."""
+    import numpy as np
+
+    sizes = np.asarray(index.sizes, np.int64)
+    tars = np.array([f.startswith("tar") and i not in index.tables for i, f in enumerate(index.formats)], bool)
+    side = _SIDECAR_FIXED + np.asarray(index.counts, np.int64) * (48 + 24 * max(1, len(index.fields)))
+    return sizes + np.where(tars, side, 0)
+
+
+def max_entry_bytes(index) -> int:
+    return int(entry_bytes(index).max()) if len(index) else 1
 
 
 @dataclass(frozen=True)
