@@ -46,6 +46,7 @@ class Budget:
         self.wait_timeout_s = wait_timeout_s
         self._plan = plan  # () -> {key: next step}
         self._count = count  # (**counter deltas) -> None
+        self._live: set[str] = set()  # temporaries this object made that may still be written to
 
     def used_bytes(self) -> int:
         entries, tmp_bytes, _ = self._scan()
@@ -97,6 +98,7 @@ class Budget:
                         unlink_quiet(tmp)
                         raise
                     os.close(fd)
+                    self._live = {p for p in self._live if os.path.exists(p)} | {tmp}
                     return tmp
             if time.monotonic() > deadline:
                 held = used
@@ -116,6 +118,8 @@ class Budget:
         the caller's own lock refuses the probe)."""
         freed = 0
         for key, path, size in temps:
+            if path in self._live:
+                continue  # this fetch's own shard temporary, while it writes a file beside it
             if key == mine:
                 unlink_quiet(path)
                 freed += size

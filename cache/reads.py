@@ -79,6 +79,13 @@ def entry_bytes(index):
     return sizes + np.where(tars, side, 0)
 
 
+def index_version(index) -> str:
+    """What names this version of a dataset: its index's digest (with its size
+    and row count), so a shard the index has no hash for is keyed by it."""
+    meta = getattr(index, "meta", None) or {}
+    return f"{meta.get('digest', '')}|{len(index)}|{int(index.num_bytes)}"
+
+
 def max_entry_bytes(index) -> int:
     return int(entry_bytes(index).max()) if len(index) else 1
 
@@ -134,7 +141,8 @@ class CachedShards:
         self._c = {"hits": 0, "misses": 0, "wait_s": 0.0}
 
     def ref(self, i: int) -> ShardRef:
-        return ShardRef(self.url_of(i), self.index.hashes[i] or None, int(self.index.sizes[i]))
+        h = self.index.hashes[i] or None
+        return ShardRef(self.url_of(i), h, int(self.index.sizes[i]), None if h else index_version(self.index))
 
     def needs_sidecar(self, i: int) -> bool:
         # a foreign tar scanned on open has its table in the index and no sidecar anywhere
@@ -143,9 +151,9 @@ class CachedShards:
     def path_of(self, i: int) -> str:
         cache = self.spec.open()
         ref = self.ref(i)
-        had = os.path.exists(cache.path_for(ref.url, ref.hash))
+        had = os.path.exists(os.path.join(cache.data_dir, cache.key_for(ref.url, ref.hash, ref.version)))
         t0 = time.monotonic()
-        pin = cache.hold(ref.url, ref.hash, ref.size, sidecar=self.needs_sidecar(i))
+        pin = cache.hold(ref.url, ref.hash, ref.size, sidecar=self.needs_sidecar(i), version=ref.version)
         path = pin.__enter__()
         self._c["wait_s"] += time.monotonic() - t0
         self._c["hits" if had else "misses"] += 1
@@ -176,7 +184,7 @@ class CachedShards:
     def refetch(self, i: int) -> bool:
         """Discard shard ``i``'s cached copy (found damaged): the next open fetches it again."""
         ref = self.ref(i)
-        return self.spec.open().discard(ref.url, ref.hash)
+        return self.spec.open().discard(ref.url, ref.hash, ref.version)
 
     def take(self) -> dict:
         """This reader's counters since the last take(), with its process cache's fetches."""
