@@ -36,6 +36,7 @@ class Fault:
     times: int = 1
     stall_s: float = 3.0
     methods: tuple = ("GET",)
+    skip: int = 0  # matching requests answered normally first
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -178,6 +179,9 @@ class RangeServer(ThreadingHTTPServer):
         with self._mu:
             for f in self.faults:
                 if f.times > 0 and rel.endswith(f.suffix) and method in f.methods:
+                    if f.skip > 0:
+                        f.skip -= 1
+                        return None
                     f.times -= 1
                     return f
         return None
