@@ -113,9 +113,10 @@ def fetch_to_fd(source: Source, fd: int, size: int, opts: FetchOptions,
                 cancel: threading.Event | None = None, on_bytes=None, on_request=None) -> int:
     """Write the ``size`` bytes of ``source`` into the open file ``fd``; returns bytes written.
 
-    The first range goes alone: it learns the object's identity (each later
-    range must match it) and whether the server honours Range at all; one
-    that sends the whole object instead has it streamed into ``fd`` once."""
+    The first range goes first: the others start once its headers have told
+    the object's identity (each later range must match it) and whether the
+    server honours Range at all; one that sends the whole object instead has
+    it streamed into ``fd`` once, and no other range is asked for."""
     ranges = [(s, min(s + opts.range_bytes, size)) for s in range(0, size, opts.range_bytes)]
     failed = threading.Event()  # one range gave up: the others stop before their next try
     deadline = time.monotonic() + opts.deadline_s
@@ -135,7 +136,17 @@ def fetch_to_fd(source: Source, fd: int, size: int, opts: FetchOptions,
             raise ShardError(source.url, f"writing it to the cache disk failed ({e}); free space there, lower "
                                          "cache_limit_bytes or point cache_dir at a larger disk") from e
 
-    def one(span):
+    headers = threading.Event()  # the first range's answer is known (or it ended)
+    if not hasattr(source, "read_into"):
+        headers.set()  # a file or an object store: ranges are honoured, identity is not checked per range
+    whole = []
+
+    def seen(w: bool) -> None:
+        if w:
+            whole.append(True)
+        headers.set()
+
+    def one(span, first=False):
         start, end = span
         what = f"reading bytes {start}-{end - 1}"
         if hasattr(source, "read_into"):
@@ -149,12 +160,16 @@ def fetch_to_fd(source: Source, fd: int, size: int, opts: FetchOptions,
                 got[0] = 0
                 if on_request is not None:
                     on_request()
-                return source.read_into(start, end, sink, size)
+                return source.read_into(start, end, sink, size, seen if first else None)
 
-            whole = with_retries(source.url, what, attempt, opts, stopped, deadline)
+            try:
+                all_of_it = with_retries(source.url, what, attempt, opts, stopped, deadline)
+            finally:
+                if first:
+                    headers.set()
             if on_bytes is not None:
                 on_bytes(got[0])
-            return size if whole else end - start
+            return size if all_of_it else end - start
         def attempt_range():
             if on_request is not None:
                 on_request()
@@ -168,16 +183,20 @@ def fetch_to_fd(source: Source, fd: int, size: int, opts: FetchOptions,
 
     if not ranges:
         return 0
-    first = one(ranges[0])
-    if first == size or len(ranges) == 1:
-        return first  # one range, or a server that sent it all at once
-    rest = ranges[1:]
-    if opts.threads == 1 or len(rest) == 1:
-        return first + sum(one(r) for r in rest)
-    with ThreadPoolExecutor(min(opts.threads, len(rest)), thread_name_prefix="shardfeed-fetch") as pool:
-        futures = [pool.submit(one, r) for r in rest]
+    if len(ranges) == 1 or opts.threads == 1:
+        first = one(ranges[0], first=True)
+        return first if first == size else first + sum(one(r) for r in ranges[1:])
+    with ThreadPoolExecutor(min(opts.threads, len(ranges)), thread_name_prefix="shardfeed-fetch") as pool:
+        futures = [pool.submit(one, ranges[0], True)]
         try:
-            return first + sum(f.result() for f in futures)
+            while not headers.wait(0.05):
+                if futures[0].done() or stopped():
+                    break
+            if futures[0].done() and futures[0].exception() is not None:
+                return futures[0].result()  # raises
+            if not whole:
+                futures += [pool.submit(one, r) for r in ranges[1:]]
+            return sum(f.result() for f in futures)
         except BaseException:
             failed.set()
             for f in futures:

@@ -200,10 +200,11 @@ class HttpSource:
             raise Changed(self.url, 0, f"changed at the source while being fetched (was {self.identity.token()}, "
                                        f"now {ident.token()}); nothing was cached")
 
-    def read_into(self, start: int, end: int, sink, size: int | None = None) -> bool:
+    def read_into(self, start: int, end: int, sink, size: int | None = None, on_headers=None) -> bool:
         """Stream bytes [start, end) into ``sink(chunk, offset)``. False normally;
         True when the server ignored Range and the whole object (``size``
-        bytes, offsets from 0) was streamed instead."""
+        bytes, offsets from 0) was streamed instead. ``on_headers(whole)`` is
+        called once the answer's headers are checked, before its body."""
         headers = {"Range": f"bytes={start}-{end - 1}", "Accept-Encoding": "identity"}
         if self.identity is not None and self.identity.etag:
             headers["If-Match"] = self.identity.etag
@@ -244,6 +245,8 @@ class HttpSource:
             conn.close()
             raise HttpError(self.url, resp.status, f"declares {declared} body bytes for a {n}-byte answer")
         self._check_same(_identity(resp, total))
+        if on_headers is not None:
+            on_headers(whole)
         self._body(resp, n, lambda c, at: sink(c, start + at))
         self._finish(resp, key, conn)
         return whole

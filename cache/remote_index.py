@@ -28,7 +28,6 @@ import contextlib
 import json
 import os
 import re
-import uuid
 
 import xxhash
 
@@ -69,15 +68,17 @@ def _copy(url: str, dest: str, cache: ShardCache, max_bytes: int = _MAX_META_BYT
                                   "refused unread")
         cache._add(requests=1)
         data = with_retries(url, "reading it", lambda: src.read_range(0, size), opts) if size else b""
-    tmp = f"{dest}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    # inside the cache's budget like a shard: room made first, renamed under the node lock
+    tmp = cache.budget.make_room_and_create(os.path.basename(dest), "", len(data), url, os.path.dirname(dest))
     try:
-        with open(tmp, "wb") as f:
+        with open(tmp, "r+b") as f:
             f.write(data)
         try:
             os.setxattr(tmp, _VERSION_XATTR, json.dumps([ident.size, ident.etag, ident.modified]).encode())
         except OSError:
             pass  # no xattrs here: the next mirror fetches it again (never stale)
-        os.replace(tmp, dest)
+        with cache.budget.locked():
+            os.replace(tmp, dest)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -124,8 +125,9 @@ def mirror_index(url: str, cache: ShardCache) -> str:
         return url[len("file://"):] if url.startswith("file://") else url  # already local: nothing to copy
     folder = mirror_folder(url, cache)
     os.makedirs(os.path.join(folder, LOG_DIR), exist_ok=True)
-    with open(os.path.join(folder, "source.txt"), "w") as f:
-        f.write(url + "\n")  # for people looking at the cache folder
+    if not os.path.exists(os.path.join(folder, "source.txt")):
+        with open(os.path.join(folder, "source.txt"), "w") as f:
+            f.write(url + "\n")  # for people looking at the cache folder (a few bytes, once)
     have_index = True
     try:
         _copy(f"{url}/{INDEX_NAME}", os.path.join(folder, INDEX_NAME), cache)

@@ -263,7 +263,8 @@ class ShardCache:
                     os.setxattr(tmp, IDENTITY_XATTR, token.encode())
                 except OSError:
                     pass
-            os.rename(tmp, path)
+            with self.budget.locked():  # never between a budget scan's listing and its sizes
+                os.rename(tmp, path)
         except BaseException:
             unlink_quiet(tmp)
             raise
@@ -276,7 +277,8 @@ class ShardCache:
         try:
             with open(tmp, "r+b") as f:
                 f.write(data)
-            os.rename(tmp, path + suffix)
+            with self.budget.locked():
+                os.rename(tmp, path + suffix)
         except BaseException:
             unlink_quiet(tmp)
             raise
@@ -330,7 +332,8 @@ class ShardCache:
             if expected_hash and str(meta.get("shard_hash") or expected_hash).lower() != expected_hash.lower():
                 raise ShardError(url, f"sidecar {src.url} describes a shard of hash {meta.get('shard_hash')}, not "
                                       f"{expected_hash} (stale sidecar); nothing was cached")
-            os.rename(tmp, path + SIDECAR)
+            with self.budget.locked():
+                os.rename(tmp, path + SIDECAR)
         except BaseException:
             unlink_quiet(tmp)
             raise
