@@ -114,16 +114,16 @@ class CacheSpec:
             return cache
 
     def take(self) -> dict:
-        """bytes_fetched and evictions of this process's cache since the last take()."""
+        """bytes_fetched, evictions and requests (to the source) of this process's cache since the last take()."""
         key = self._key()
         with _mu:
             cache = _caches.get(key)
             if cache is None:
-                return {"bytes_fetched": 0, "evictions": 0}
+                return {"bytes_fetched": 0, "evictions": 0, "requests": 0}
             now = cache.stats()
             last = _seen.get(key, {})
             _seen[key] = now
-        return {k: now[k] - last.get(k, 0) for k in ("bytes_fetched", "evictions")}
+        return {k: now[k] - last.get(k, 0) for k in ("bytes_fetched", "evictions", "requests")}
 
 
 class CachedShards:
