@@ -85,3 +85,46 @@ def test_get_without_a_hash_serves_the_new_version(tmp_path):
         (root / "blob.bin").write_bytes(b"b" * 10_000)  # same size, same URL
         assert open(cache.get(url), "rb").read() == b"b" * 10_000
         assert cache.used_bytes() == 10_000  # the old copy is gone
+
+
+@pytest.fixture(scope="module")
+def moto_endpoint():
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    _, port = server.get_host_and_port()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("append", [False, True], ids=["index", "live-log"])
+def test_s3_dataset_rewritten_at_the_same_prefix_is_read_new(tmp_path, moto_endpoint, append):
+    import boto3
+
+    from cache_servers import s3_options, upload_folder
+
+    s3 = boto3.client("s3", endpoint_url=moto_endpoint, aws_access_key_id="testing", aws_secret_access_key="testing",
+                      region_name="us-east-1")
+    bucket = f"stale-{int(append)}"
+    s3.create_bucket(Bucket=bucket)
+    root, cdir, url = str(tmp_path / "ds"), str(tmp_path / "c"), f"s3://{bucket}/ds"
+
+    def publish(n, tag):
+        _write(root, n, tag, append)
+        for obj in s3.list_objects_v2(Bucket=bucket, Prefix="ds/").get("Contents", []):
+            s3.delete_object(Bucket=bucket, Key=obj["Key"])  # a rewrite: what v2 lacks is gone
+        upload_folder(moto_endpoint, bucket, root, "ds")
+
+    def read():
+        ds = ShardDataset(url, shuffle="none", cache_dir=cdir, cache_limit_bytes=8 << 20,
+                          storage_options=s3_options(moto_endpoint))
+        return sorted(int(s["cls"]) for s in ds)
+
+    publish(40, 1)
+    assert read() == [1000 + i for i in range(40)]
+    publish(40, 2)
+    assert read() == [2000 + i for i in range(40)]
+    publish(24, 3)
+    assert read() == [3000 + i for i in range(24)]
