@@ -137,6 +137,7 @@ def mirror_index(url: str, cache: ShardCache) -> str:
         have_index = False
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(folder, INDEX_NAME))  # the source dropped it: so does the mirror
+    _drop_dead_temporaries(folder)
     log = _list_log(url, cache) or []
     for name in set(os.listdir(os.path.join(folder, LOG_DIR))) - set(log):
         if _SEQ_RE.match(name):
@@ -147,6 +148,26 @@ def mirror_index(url: str, cache: ShardCache) -> str:
         raise ShardError(url, f"no {INDEX_NAME} and no readable {LOG_DIR}/ commit log here; write the dataset "
                               "with ShardWriter or index it with `shardfeed convert` before reading it remotely")
     return folder
+
+
+def _drop_dead_temporaries(folder: str) -> None:
+    """Temporaries of mirrors whose process died (the budget counts them until they go)."""
+    for d in (folder, os.path.join(folder, LOG_DIR)):
+        for name in os.listdir(d):
+            m = re.search(r"\.tmp-(\d+)-", name)
+            if m and not _alive(int(m.group(1))):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(d, name))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class RemoteDataset:
