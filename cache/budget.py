@@ -61,12 +61,19 @@ class Budget:
         """The node-wide lock, for a rename into the budget's folders (``with budget.locked(): ...``)."""
         return FileLock(os.path.join(self.cache_dir, ".cache.lock"))
 
-    def _meta_bytes(self) -> int:
-        """Mirrored indexes and logs, lookahead plans: counted, never evicted."""
+    def fixed_bytes(self, plans: bool = True) -> int:
+        """Bytes of the budget that eviction cannot free: mirrored indexes and logs, lookahead plans."""
+        return self._meta_bytes(("datasets", "lookahead") if plans else ("datasets",), settled=not plans)
+
+    def _meta_bytes(self, tops=("datasets", "lookahead"), settled: bool = False) -> int:
+        """Mirrored indexes and logs, lookahead plans: counted, never evicted
+        (``settled``: without files being written now, the same on every rank)."""
         total = 0
-        for top in ("datasets", "lookahead"):
+        for top in tops:
             for dirpath, _, files in os.walk(os.path.join(self.cache_dir, top)):
                 for n in files:
+                    if settled and ".tmp-" in n:
+                        continue
                     try:
                         total += os.lstat(os.path.join(dirpath, n)).st_size
                     except FileNotFoundError:

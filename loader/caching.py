@@ -40,6 +40,7 @@ LOOKAHEAD_SHARDS = 4096  # shards one plan holds (the cache's lookahead)
 SIM_POSITIONS = 1 << 18  # samples of the epoch the thrash estimate simulates (bounds its cost, ~0.3 s)
 THRASH_RATIO = 2.0  # warn when Belady fetches more than this times the bytes the node reads
 PREFETCH_THREADS = 2
+PLAN_ENTRY_BYTES = 64  # one shard's entry in a published lookahead plan (JSON key and step), rounded up
 
 
 def step_key(epoch: int, step: int) -> int:
@@ -75,20 +76,22 @@ def smallest_limit(max_shard: int, per_step: list[int]) -> int:
     return limit
 
 
-def plain_read_shards(limit_bytes: int, index, readers: int, where: str) -> int:
+def plain_read_shards(limit_bytes: int, index, readers: int, where: str, fixed: int = 0) -> int:
     """Shards one read of a plain iteration may touch (a torch DataLoader's
     worker splits its blocks to stay within it), ``readers`` being every reader
-    of the node; CacheLimitError when not even one shard each fits."""
-    if int(entry_bytes(index).sum()) <= limit_bytes:
+    of the node and ``fixed`` the budget's bytes eviction cannot free (the
+    mirrored index); CacheLimitError when not even one shard each fits."""
+    if int(entry_bytes(index).sum()) + fixed <= limit_bytes:
         return max(1, len(index))  # all of it fits: nothing is ever evicted or waited for
     max_shard = max_entry_bytes(index)
+    limit_bytes -= fixed
     slots = limit_bytes // max(1, readers * max_shard)
     if slots < 1:
-        need = readers * max_shard
+        need = readers * max_shard + fixed
         raise CacheLimitError(where, f"cache_limit_bytes={limit_bytes:,} is below the working set: {readers} "
                               f"reader(s) on this node (LOCAL_WORLD_SIZE x DataLoader workers) each hold a shard "
-                              f"of up to {max_shard:,} bytes; raise cache_limit_bytes to at least {need:,} or use "
-                              "fewer workers", need)
+                              f"of up to {max_shard:,} bytes (and {fixed:,} bytes of index and plans stay); raise "
+                              f"cache_limit_bytes to at least {need:,} or use fewer workers", need)
     return max(1, slots - reader_max_open(limit_bytes, max_shard, readers))
 
 
@@ -152,14 +155,18 @@ class LoaderCache:
         ranks = self.node_per_step(self.feed.epoch)
         per_step = [n for n in ranks for _ in range(self.readers)]
         limit = self.spec.limit_bytes
-        whole = int(entry_bytes(self.ds.index).sum())  # all of it fits: nothing is ever evicted or waited for
-        needed = min(whole, node_need(limit, self.max_shard, per_step))
+        # what eviction cannot free: the mirrored index and log, and the plans the node's prefetchers publish
+        plans = len(ranks) * PLAN_ENTRY_BYTES * min(len(self.ds.index), LOOKAHEAD_SHARDS)  # at most, at any limit
+        fixed = self.spec.open().budget.fixed_bytes(plans=False) + plans
+        whole = fixed + int(entry_bytes(self.ds.index).sum())  # all of it fits: nothing is evicted or waited for
+        needed = min(whole, fixed + node_need(limit - fixed, self.max_shard, per_step))
         if needed > limit:
-            least = min(whole, smallest_limit(self.max_shard, per_step))
+            least = min(whole, fixed + smallest_limit(self.max_shard, per_step))
             raise CacheLimitError(self.spec.cache_dir, f"cache_limit_bytes={limit:,} is below the working set of "
                                   f"this node: {len(ranks)} rank(s) x {self.readers} reader(s), up to {max(ranks)} "
                                   f"shard(s) per step each, plus one being fetched, of up to {self.max_shard:,} "
-                                  f"bytes each; raise cache_limit_bytes to at least {least:,}, use fewer workers, "
+                                  f"bytes each, and {fixed:,} bytes of index and plans; raise cache_limit_bytes to "
+                                  f"at least {least:,}, use fewer workers, "
                                   "or a shuffle that reads fewer shards per step ('block', 'shard')", least)
         return max(self.max_shard, limit - needed + self.max_shard)
 

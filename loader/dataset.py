@@ -263,7 +263,7 @@ class ShardDataset(torch.utils.data.IterableDataset):
             from shardfeed.loader.caching import node_ranks, plain_read_shards, split_by_shards
 
             most = plain_read_shards(self.cache.limit_bytes, self.index, nw * node_ranks(self.topology),
-                                     self.cache.cache_dir)
+                                     self.cache.cache_dir, self.cache.open().budget.fixed_bytes())
         maker = self.maker(_as_samples, readers=nw)
         try:
             for b in steps_of(wid, nw, 0, -(-plan.num_samples // _BLOCK)):
