@@ -1,10 +1,13 @@
 """The byte budget of a cache folder, shared by every process on the node.
 
-What counts: complete entries (shard plus sidecar) and in-flight
-temporaries, which are preallocated to their full size so a directory scan
-sees them. Making room and creating a temporary happen under one node-wide
-flock (``<cache_dir>/.cache.lock``), so two fetches never overshoot the budget
-together. Eviction takes entries in lookahead.victim_order and skips pinned
+What counts: everything the cache writes: complete entries (shard plus
+sidecar), in-flight temporaries (preallocated to their full size so a
+directory scan sees them), and the mirrored dataset metadata and lookahead
+plans (``datasets/``, ``lookahead/``, never evicted). Making room, creating a
+temporary and renaming one into place all happen under one node-wide flock
+(``<cache_dir>/.cache.lock``): two fetches never overshoot the budget
+together, and no rename lands between a scan's listing and its sizes (which
+would hide a file from the count). Eviction takes entries in lookahead.victim_order and skips pinned
 ones; when all that is left is pinned or in flight, a fetch waits (readers
 finish shards and unpin) up to a timeout, then raises CacheLimitError with
 the limit that would have worked.
@@ -46,35 +49,66 @@ class Budget:
         self.wait_timeout_s = wait_timeout_s
         self._plan = plan  # () -> {key: next step}
         self._count = count  # (**counter deltas) -> None
+        self._live: set[str] = set()  # temporaries this object made that may still be written to
+
+    _after_listing = None  # tests: called between a scan's listing and its sizes (the rename race)
 
     def used_bytes(self) -> int:
         entries, tmp_bytes, _ = self._scan()
         return tmp_bytes + sum(b for b, _ in entries.values())
 
+    def locked(self) -> FileLock:
+        """The node-wide lock, for a rename into the budget's folders (``with budget.locked(): ...``)."""
+        return FileLock(os.path.join(self.cache_dir, ".cache.lock"))
+
+    def fixed_bytes(self, plans: bool = True) -> int:
+        """Bytes of the budget that eviction cannot free: mirrored indexes and logs, lookahead plans."""
+        return self._meta_bytes(("datasets", "lookahead") if plans else ("datasets",), settled=not plans)
+
+    def _meta_bytes(self, tops=("datasets", "lookahead"), settled: bool = False) -> int:
+        """Mirrored indexes and logs, lookahead plans: counted, never evicted
+        (``settled``: without files being written now, the same on every rank)."""
+        total = 0
+        for top in tops:
+            for dirpath, _, files in os.walk(os.path.join(self.cache_dir, top)):
+                for n in files:
+                    if settled and ".tmp-" in n:
+                        continue
+                    try:
+                        total += os.lstat(os.path.join(dirpath, n)).st_size
+                    except FileNotFoundError:
+                        pass
+        return total
+
     def _scan(self):
-        """(complete entries: key -> (bytes, last used), in-flight bytes, temporaries by key)."""
+        """(complete entries: key -> (bytes, last used), in-flight and fixed bytes, temporaries by key)."""
         entries: dict[str, list] = {}
-        tmp_bytes, temps = 0, []
+        tmp_bytes, temps = self._meta_bytes(), []
         with os.scandir(self.data_dir) as it:
-            for e in it:
-                try:
-                    st = e.stat()
-                except FileNotFoundError:
-                    continue
-                key = e.name.split(".", 1)[0]
-                if ".tmp-" in e.name:
-                    tmp_bytes += st.st_size
-                    temps.append((key, e.path, st.st_size))
-                    continue
-                rec = entries.setdefault(key, [0, 0.0])
-                rec[0] += st.st_size
-                if "." not in e.name:
-                    rec[1] = st.st_mtime
+            listed = list(it)
+        if self._after_listing is not None:
+            self._after_listing()
+        for e in listed:
+            try:
+                st = e.stat()
+            except FileNotFoundError:
+                continue
+            key = e.name.split(".", 1)[0]
+            if ".tmp-" in e.name:
+                tmp_bytes += st.st_size
+                temps.append((key, e.path, st.st_size))
+                continue
+            rec = entries.setdefault(key, [0, 0.0])
+            rec[0] += st.st_size
+            if "." not in e.name:
+                rec[1] = st.st_mtime
         return {k: (b, t) for k, (b, t) in entries.items()}, tmp_bytes, temps
 
-    def make_room_and_create(self, key: str, suffix: str, size: int, url: str) -> str:
+    def make_room_and_create(self, key: str, suffix: str, size: int, url: str, folder: str | None = None) -> str:
         """A new temporary for ``key`` of ``size`` bytes, within the budget; the
-        caller holds ``key``'s fetch lock."""
+        caller holds ``key``'s fetch lock (or, with ``folder``, writes a
+        metadata file there: ``<folder>/<key>.tmp-...``). Rename it into place
+        under ``locked()``."""
         if size > self.limit_bytes:
             raise CacheLimitError(url, f"shard of {size} bytes does not fit a cache limit of {self.limit_bytes} "
                                        f"bytes; raise limit_bytes to at least {size}", size)
@@ -88,7 +122,7 @@ class Budget:
                 if used + size > self.limit_bytes:
                     used -= self._evict(entries, used + size - self.limit_bytes, keep=key)
                 if used + size <= self.limit_bytes:
-                    tmp = os.path.join(self.data_dir, f"{key}{suffix}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+                    tmp = os.path.join(folder or self.data_dir, f"{key}{suffix}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
                     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
                     try:
                         _preallocate(fd, size, tmp, url)
@@ -97,6 +131,7 @@ class Budget:
                         unlink_quiet(tmp)
                         raise
                     os.close(fd)
+                    self._live = {p for p in self._live if os.path.exists(p)} | {tmp}
                     return tmp
             if time.monotonic() > deadline:
                 held = used
@@ -116,6 +151,8 @@ class Budget:
         the caller's own lock refuses the probe)."""
         freed = 0
         for key, path, size in temps:
+            if path in self._live:
+                continue  # this fetch's own shard temporary, while it writes a file beside it
             if key == mine:
                 unlink_quiet(path)
                 freed += size

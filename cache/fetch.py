@@ -1,12 +1,19 @@
-"""Download one object into a local file: concurrent ranged reads, retries.
+"""Download one object into a local file: concurrent ranged reads, retries, a deadline.
 
 One HTTP/S3 stream per process tops out near 1 GB/s on S3, so an object
 larger than one range is split into ``range_bytes`` pieces fetched by a small
 thread pool and written in place with pwrite. Each piece is retried on its
 own with exponential backoff: a connection reset, a 5xx, a stall (the
 transport's read timeout) or a short read costs one piece, not the shard.
-Missing objects and refused access are not retried. When the attempts run
-out the error is a ShardError naming the URL and the last reason.
+Missing objects and refused access are not retried, nor an object that
+changed between ranges (the fetch fails whole: nothing stitched). A body
+slower than ``min_rate`` bytes/s after a grace of ``stall_s`` fails its try,
+and ``deadline_s`` bounds one object's fetch, retries included. When the
+attempts run out the error is a ShardError naming the URL and the last reason.
+
+Defaults can be set for a whole job in the environment (read when a
+FetchOptions is made): ``SHARDFEED_FETCH_STALL_S``, ``SHARDFEED_FETCH_MIN_RATE``
+(bytes/s), ``SHARDFEED_FETCH_DEADLINE_S``, ``SHARDFEED_FETCH_ATTEMPTS``.
 """
 
 from __future__ import annotations
@@ -16,24 +23,41 @@ import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shardfeed.cache.sources import Source
 from shardfeed.formats import ShardError
+
+
+def _env(name: str, default: float, kind=float):
+    v = os.environ.get(name)
+    if v is None or v == "":
+        return default
+    try:
+        return kind(v)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={v!r} is not a number") from None
 
 
 @dataclass(frozen=True)
 class FetchOptions:
     range_bytes: int = 16 << 20  # one ranged GET; 8-16 MiB keeps S3 request overhead small
     threads: int = 8  # concurrent ranges per object
-    attempts: int = 5  # tries per range before giving up
+    attempts: int = field(default_factory=lambda: _env("SHARDFEED_FETCH_ATTEMPTS", 5, int))  # tries per range
     backoff_s: float = 0.2  # first retry delay, doubled each time (with jitter)
     max_backoff_s: float = 10.0
-    stall_s: float = 30.0  # a read that gets no byte for this long is a failure
+    # a read that gets no byte for this long is a failure
+    stall_s: float = field(default_factory=lambda: _env("SHARDFEED_FETCH_STALL_S", 30.0))
+    # a body slower than this (bytes/s, after stall_s of grace) is a failure: a trickle is not progress
+    min_rate: float = field(default_factory=lambda: _env("SHARDFEED_FETCH_MIN_RATE", 16 << 10))
+    # one object's fetch, all ranges and retries, must end within this
+    deadline_s: float = field(default_factory=lambda: _env("SHARDFEED_FETCH_DEADLINE_S", 3600.0))
 
     def __post_init__(self):
         if self.range_bytes < 1 or self.threads < 1 or self.attempts < 1:
             raise ValueError(f"FetchOptions needs range_bytes, threads and attempts >= 1, got {self}")
+        if not (self.stall_s > 0 and self.deadline_s > 0 and self.min_rate >= 0):
+            raise ValueError(f"FetchOptions needs stall_s and deadline_s > 0 and min_rate >= 0, got {self}")
 
 
 class Cancelled(Exception):
@@ -41,8 +65,10 @@ class Cancelled(Exception):
 
 
 def is_retryable(err: BaseException) -> bool:
+    from shardfeed.cache.http_source import Changed, Deadline
+
     if isinstance(err, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError,
-                        ShardError, Cancelled)):
+                        ShardError, Cancelled, Changed, Deadline)):
         return False
     status = getattr(err, "status", None) or getattr(err, "code", None)
     if isinstance(status, int) and 400 <= status < 500 and status not in (408, 429):
@@ -55,9 +81,10 @@ def _reason(err: BaseException) -> str:
     return f"{type(err).__name__}: {text}"
 
 
-def with_retries(url: str, what: str, fn, opts: FetchOptions, stopped=None):
+def with_retries(url: str, what: str, fn, opts: FetchOptions, stopped=None, deadline: float | None = None):
     """``fn()`` with exponential backoff; ShardError naming ``url`` when it keeps failing.
-    ``stopped()`` true ends it before the next try with Cancelled."""
+    ``stopped()`` true ends it before the next try with Cancelled; past
+    ``deadline`` (time.monotonic()) no new try starts."""
     delay = opts.backoff_s
     for attempt in range(1, opts.attempts + 1):
         if stopped is not None and stopped():
@@ -74,40 +101,101 @@ def with_retries(url: str, what: str, fn, opts: FetchOptions, stopped=None):
             if attempt == opts.attempts:
                 raise ShardError(url, f"{what} failed after {opts.attempts} attempts; last: {_reason(e)}") from e
             # jitter so ranks that failed together do not retry together
-            time.sleep(min(delay, opts.max_backoff_s) * (0.5 + random.random()))
+            pause = min(delay, opts.max_backoff_s) * (0.5 + random.random())
+            if deadline is not None and time.monotonic() + pause > deadline:
+                raise ShardError(url, f"{what} failed and the fetch deadline of {opts.deadline_s:g} s has "
+                                      f"passed after {attempt} attempt(s); last: {_reason(e)}") from e
+            time.sleep(pause)
             delay *= 2
 
 
 def fetch_to_fd(source: Source, fd: int, size: int, opts: FetchOptions,
-                cancel: threading.Event | None = None, on_bytes=None) -> int:
-    """Write the ``size`` bytes of ``source`` into the open file ``fd``; returns bytes written."""
+                cancel: threading.Event | None = None, on_bytes=None, on_request=None) -> int:
+    """Write the ``size`` bytes of ``source`` into the open file ``fd``; returns bytes written.
+
+    The first range goes first: the others start once its headers have told
+    the object's identity (each later range must match it) and whether the
+    server honours Range at all; one that sends the whole object instead has
+    it streamed into ``fd`` once, and no other range is asked for."""
     ranges = [(s, min(s + opts.range_bytes, size)) for s in range(0, size, opts.range_bytes)]
     failed = threading.Event()  # one range gave up: the others stop before their next try
+    deadline = time.monotonic() + opts.deadline_s
+    if hasattr(source, "deadline"):
+        source.deadline = deadline
 
     def stopped() -> bool:
         return failed.is_set() or (cancel is not None and cancel.is_set())
 
-    def one(span):
-        start, end = span
-        data = with_retries(source.url, f"reading bytes {start}-{end - 1}",
-                            lambda: source.read_range(start, end), opts, stopped)
-        view = memoryview(data)
+    def put(view, at: int) -> None:
+        view = memoryview(view)
         try:
             while view:  # pwrite may write less than asked on some filesystems
-                n = os.pwrite(fd, view, start + len(data) - len(view))
-                view = view[n:]
+                n = os.pwrite(fd, view, at)
+                view, at = view[n:], at + n
         except OSError as e:  # the local disk, not the source: asking the source again cannot help
             raise ShardError(source.url, f"writing it to the cache disk failed ({e}); free space there, lower "
                                          "cache_limit_bytes or point cache_dir at a larger disk") from e
+
+    headers = threading.Event()  # the first range's answer is known (or it ended)
+    if not hasattr(source, "read_into"):
+        headers.set()  # a file or an object store: ranges are honoured, identity is not checked per range
+    whole = []
+
+    def seen(w: bool) -> None:
+        if w:
+            whole.append(True)
+        headers.set()
+
+    def one(span, first=False):
+        start, end = span
+        what = f"reading bytes {start}-{end - 1}"
+        if hasattr(source, "read_into"):
+            got = [0]
+
+            def sink(chunk, at):
+                put(chunk, at)
+                got[0] += len(chunk)
+
+            def attempt():
+                got[0] = 0
+                if on_request is not None:
+                    on_request()
+                return source.read_into(start, end, sink, size, seen if first else None)
+
+            try:
+                all_of_it = with_retries(source.url, what, attempt, opts, stopped, deadline)
+            finally:
+                if first:
+                    headers.set()
+            if on_bytes is not None:
+                on_bytes(got[0])
+            return size if all_of_it else end - start
+        def attempt_range():
+            if on_request is not None:
+                on_request()
+            return source.read_range(start, end)
+
+        data = with_retries(source.url, what, attempt_range, opts, stopped, deadline)
+        put(data, start)
         if on_bytes is not None:
             on_bytes(len(data))
         return len(data)
 
-    if len(ranges) <= 1 or opts.threads == 1:
-        return sum(one(r) for r in ranges)
+    if not ranges:
+        return 0
+    if len(ranges) == 1 or opts.threads == 1:
+        first = one(ranges[0], first=True)
+        return first if first == size else first + sum(one(r) for r in ranges[1:])
     with ThreadPoolExecutor(min(opts.threads, len(ranges)), thread_name_prefix="shardfeed-fetch") as pool:
-        futures = [pool.submit(one, r) for r in ranges]
+        futures = [pool.submit(one, ranges[0], True)]
         try:
+            while not headers.wait(0.05):
+                if futures[0].done() or stopped():
+                    break
+            if futures[0].done() and futures[0].exception() is not None:
+                return futures[0].result()  # raises
+            if not whole:
+                futures += [pool.submit(one, r) for r in ranges[1:]]
             return sum(f.result() for f in futures)
         except BaseException:
             failed.set()

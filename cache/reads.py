@@ -34,7 +34,8 @@ from shardfeed.cache.fetch import FetchOptions
 from shardfeed.cache.store import ShardCache, ShardRef
 
 DEFAULT_DIR_ENV = "SHARDFEED_CACHE_DIR"
-_DISK_SHARE = 0.8  # default budget: this share of the disk space the cache could use
+_DISK_SHARE = 0.8
+_SIDECAR_FIXED = 2560  # schema, footer and metadata of a sidecar file  # default budget: this share of the disk space the cache could use
 
 _caches: dict[tuple, ShardCache] = {}
 _seen: dict[tuple, dict] = {}  # last cache counters handed out by take(), per process cache
@@ -65,6 +66,30 @@ def default_limit(cache_dir: str) -> int:
     return max(1, int((shutil.disk_usage(cache_dir).free + held) * _DISK_SHARE))
 
 
+def entry_bytes(index):
+    """What each shard's cache entry takes: the shard plus, for a tar with a
+    sidecar, an upper estimate of the sidecar (the index does not record its
+    size; Arrow's fixed part plus key, checksum and each member's offset, size
+    and field per sample), so budget checks count what the cache will hold."""
+    import numpy as np
+
+    sizes = np.asarray(index.sizes, np.int64)
+    tars = np.array([f.startswith("tar") and i not in index.tables for i, f in enumerate(index.formats)], bool)
+    side = _SIDECAR_FIXED + np.asarray(index.counts, np.int64) * (48 + 24 * max(1, len(index.fields)))
+    return sizes + np.where(tars, side, 0)
+
+
+def index_version(index) -> str:
+    """What names this version of a dataset: its index's digest (with its size
+    and row count), so a shard the index has no hash for is keyed by it."""
+    meta = getattr(index, "meta", None) or {}
+    return f"{meta.get('digest', '')}|{len(index)}|{int(index.num_bytes)}"
+
+
+def max_entry_bytes(index) -> int:
+    return int(entry_bytes(index).max()) if len(index) else 1
+
+
 @dataclass(frozen=True)
 class CacheSpec:
     """Where a dataset's cache lives and how its source is reached (picklable)."""
@@ -89,16 +114,16 @@ class CacheSpec:
             return cache
 
     def take(self) -> dict:
-        """bytes_fetched and evictions of this process's cache since the last take()."""
+        """bytes_fetched, evictions and requests (to the source) of this process's cache since the last take()."""
         key = self._key()
         with _mu:
             cache = _caches.get(key)
             if cache is None:
-                return {"bytes_fetched": 0, "evictions": 0}
+                return {"bytes_fetched": 0, "evictions": 0, "requests": 0}
             now = cache.stats()
             last = _seen.get(key, {})
             _seen[key] = now
-        return {k: now[k] - last.get(k, 0) for k in ("bytes_fetched", "evictions")}
+        return {k: now[k] - last.get(k, 0) for k in ("bytes_fetched", "evictions", "requests")}
 
 
 class CachedShards:
@@ -116,7 +141,8 @@ class CachedShards:
         self._c = {"hits": 0, "misses": 0, "wait_s": 0.0}
 
     def ref(self, i: int) -> ShardRef:
-        return ShardRef(self.url_of(i), self.index.hashes[i] or None, int(self.index.sizes[i]))
+        h = self.index.hashes[i] or None
+        return ShardRef(self.url_of(i), h, int(self.index.sizes[i]), None if h else index_version(self.index))
 
     def needs_sidecar(self, i: int) -> bool:
         # a foreign tar scanned on open has its table in the index and no sidecar anywhere
@@ -125,9 +151,9 @@ class CachedShards:
     def path_of(self, i: int) -> str:
         cache = self.spec.open()
         ref = self.ref(i)
-        had = os.path.exists(cache.path_for(ref.url, ref.hash))
+        had = os.path.exists(os.path.join(cache.data_dir, cache.key_for(ref.url, ref.hash, ref.version)))
         t0 = time.monotonic()
-        pin = cache.hold(ref.url, ref.hash, ref.size, sidecar=self.needs_sidecar(i))
+        pin = cache.hold(ref.url, ref.hash, ref.size, sidecar=self.needs_sidecar(i), version=ref.version)
         path = pin.__enter__()
         self._c["wait_s"] += time.monotonic() - t0
         self._c["hits" if had else "misses"] += 1
@@ -158,7 +184,7 @@ class CachedShards:
     def refetch(self, i: int) -> bool:
         """Discard shard ``i``'s cached copy (found damaged): the next open fetches it again."""
         ref = self.ref(i)
-        return self.spec.open().discard(ref.url, ref.hash)
+        return self.spec.open().discard(ref.url, ref.hash, ref.version)
 
     def take(self) -> dict:
         """This reader's counters since the last take(), with its process cache's fetches."""

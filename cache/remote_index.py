@@ -25,9 +25,9 @@ since formats cannot stand on the cache.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
-import uuid
 
 import xxhash
 
@@ -39,33 +39,76 @@ from shardfeed.formats.index import INDEX_NAME, LOG_DIR, DatasetIndex
 
 _SEQ_RE = re.compile(r"^\d{12}\.json$")
 _MAX_META_BYTES = 1 << 30  # an index of 100,000 shards is a few MB; refuse absurd claims before allocating
+_MAX_LOG_ENTRY = 1 << 16  # one commit is a small JSON object (as formats/remote_log.py reads them)
+_VERSION_XATTR = "user.shardfeed.source"
 
 
 def mirror_folder(url: str, cache: ShardCache) -> str:
     return os.path.join(cache.cache_dir, "datasets", xxhash.xxh3_128_hexdigest(url.rstrip("/").encode())[:20])
 
 
-def _copy(url: str, dest: str, cache: ShardCache) -> None:
+def _copy(url: str, dest: str, cache: ShardCache, max_bytes: int = _MAX_META_BYTES) -> bool:
+    """Bring ``url`` to ``dest`` unless ``dest`` already holds the same version
+    (a conditional GET over HTTP, an ETag compare elsewhere); True if it was fetched."""
     opts = cache.fetch_options
-    src = open_source(url, cache.storage_options, opts.stall_s)
-    size = with_retries(url, "asking its size", src.size, opts)
-    if size > _MAX_META_BYTES:
-        raise ShardError(url, f"claims {size} bytes, more than {_MAX_META_BYTES} for dataset metadata")
-    data = with_retries(url, "reading it", lambda: src.read_range(0, size), opts) if size else b""
-    tmp = f"{dest}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, dest)
+    src = open_source(url, cache.storage_options, opts.stall_s, opts.min_rate)
+    known = _known(dest)
+    cache._add(requests=1)
+    if hasattr(src, "get_small"):
+        ident, data = with_retries(url, "reading it", lambda: src.get_small(max_bytes, known), opts)
+        if data is None:
+            return False  # 304: unchanged
+    else:
+        ident = with_retries(url, "asking its version", src.stat, opts)
+        if known is not None and ident.etag and known.etag and ident.same(known):
+            return False
+        size = int(ident.size or 0)
+        if size > max_bytes:
+            raise ShardError(url, f"claims {size:,} bytes, more than the {max_bytes:,} allowed for dataset metadata; "
+                                  "refused unread")
+        cache._add(requests=1)
+        data = with_retries(url, "reading it", lambda: src.read_range(0, size), opts) if size else b""
+    # inside the cache's budget like a shard: room made first, renamed under the node lock
+    tmp = cache.budget.make_room_and_create(os.path.basename(dest), "", len(data), url, os.path.dirname(dest))
+    try:
+        with open(tmp, "r+b") as f:
+            f.write(data)
+        try:
+            os.setxattr(tmp, _VERSION_XATTR, json.dumps([ident.size, ident.etag, ident.modified]).encode())
+        except OSError:
+            pass  # no xattrs here: the next mirror fetches it again (never stale)
+        with cache.budget.locked():
+            os.replace(tmp, dest)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return True
+
+
+def _known(dest: str):
+    from shardfeed.cache.http_source import Identity
+
+    try:
+        size, etag, modified = json.loads(os.getxattr(dest, _VERSION_XATTR))
+        return Identity(size, etag, modified)
+    except (OSError, ValueError, TypeError):
+        return None
 
 
 def _list_log(url: str, cache: ShardCache) -> list[str] | None:
-    """Names of commit log entries, or None when the store cannot list them."""
+    """Names of commit log entries, or None when the store has no log there
+    (404, or a server that lists no folders). Other failures raise."""
+    src = open_source(url.rstrip("/") + f"/{LOG_DIR}/", cache.storage_options, cache.fetch_options.stall_s,
+                      cache.fetch_options.min_rate)
+    cache._add(requests=1)
     try:
-        src = open_source(url.rstrip("/") + f"/{LOG_DIR}/", cache.storage_options, cache.fetch_options.stall_s)
-        listed = src.list()
-    except (FileNotFoundError, NotImplementedError):
-        return None
-    except Exception:  # noqa: BLE001 - an HTTP server without listings answers in many ways
+        listed = with_retries(src.url, "listing it", src.list, cache.fetch_options)
+    except ShardError as e:
+        if isinstance(e.__cause__, (FileNotFoundError, NotImplementedError)):
+            return None
+        raise
+    except NotImplementedError:
         return None
     names = [p.rstrip("/").rsplit("/", 1)[-1] for p in listed]
     return sorted(n for n in names if _SEQ_RE.match(n))
@@ -73,14 +116,18 @@ def _list_log(url: str, cache: ShardCache) -> list[str] | None:
 
 def mirror_index(url: str, cache: ShardCache) -> str:
     """Bring the dataset's index (and commit log) at ``url`` into the cache;
-    returns the local folder for ``open_index``. Call again to follow new commits."""
+    returns the local folder for ``open_index``. Call again to follow new
+    commits: every mirrored file is revalidated (conditional requests), a
+    file the source no longer has is dropped, so a dataset rewritten at the
+    same URL is never read stale."""
     url = str(url).rstrip("/")
     if scheme_of(url) in ("", "file"):
         return url[len("file://"):] if url.startswith("file://") else url  # already local: nothing to copy
     folder = mirror_folder(url, cache)
     os.makedirs(os.path.join(folder, LOG_DIR), exist_ok=True)
-    with open(os.path.join(folder, "source.txt"), "w") as f:
-        f.write(url + "\n")  # for people looking at the cache folder
+    if not os.path.exists(os.path.join(folder, "source.txt")):
+        with open(os.path.join(folder, "source.txt"), "w") as f:
+            f.write(url + "\n")  # for people looking at the cache folder (a few bytes, once)
     have_index = True
     try:
         _copy(f"{url}/{INDEX_NAME}", os.path.join(folder, INDEX_NAME), cache)
@@ -88,15 +135,39 @@ def mirror_index(url: str, cache: ShardCache) -> str:
         if not isinstance(e.__cause__, FileNotFoundError):
             raise
         have_index = False
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(folder, INDEX_NAME))  # the source dropped it: so does the mirror
+    _drop_dead_temporaries(folder)
     log = _list_log(url, cache) or []
+    for name in set(os.listdir(os.path.join(folder, LOG_DIR))) - set(log):
+        if _SEQ_RE.match(name):
+            os.unlink(os.path.join(folder, LOG_DIR, name))  # gone at the source (rewritten log)
     for name in log:
-        dest = os.path.join(folder, LOG_DIR, name)
-        if not os.path.exists(dest):
-            _copy(f"{url}/{LOG_DIR}/{name}", dest, cache)
+        _copy(f"{url}/{LOG_DIR}/{name}", os.path.join(folder, LOG_DIR, name), cache, _MAX_LOG_ENTRY)
     if not have_index and not log:
         raise ShardError(url, f"no {INDEX_NAME} and no readable {LOG_DIR}/ commit log here; write the dataset "
                               "with ShardWriter or index it with `shardfeed convert` before reading it remotely")
     return folder
+
+
+def _drop_dead_temporaries(folder: str) -> None:
+    """Temporaries of mirrors whose process died (the budget counts them until they go)."""
+    for d in (folder, os.path.join(folder, LOG_DIR)):
+        for name in os.listdir(d):
+            m = re.search(r"\.tmp-(\d+)-", name)
+            if m and not _alive(int(m.group(1))):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(d, name))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class RemoteDataset:
@@ -118,8 +189,10 @@ class RemoteDataset:
         return f"{self.url}/{self.index.names[i]}"
 
     def ref(self, i: int) -> ShardRef:
+        from shardfeed.cache.reads import index_version
+
         info = self.index.shard(i)
-        return ShardRef(self.url_of(i), info.hash, info.bytes)
+        return ShardRef(self.url_of(i), info.hash or None, info.bytes, None if info.hash else index_version(self.index))
 
     def refs(self, rows) -> list[ShardRef]:
         return [self.ref(int(i)) for i in rows]
@@ -131,7 +204,7 @@ class RemoteDataset:
     def hold(self, i: int):
         """Local path of shard ``i`` (verified, with its sidecar), pinned for the block."""
         ref = self.ref(i)
-        with self.cache.hold(ref.url, ref.hash, ref.size, sidecar=self.needs_sidecar(i)) as path:
+        with self.cache.hold(ref.url, ref.hash, ref.size, sidecar=self.needs_sidecar(i), version=ref.version) as path:
             yield path
 
     def get(self, i: int) -> str:
@@ -162,11 +235,13 @@ class RemoteIndex(DatasetIndex):
         return self.remote.hold(i)
 
     def is_cached(self, i: int) -> bool:
-        return self.cache.contains(self.url_of(i), self.hashes[i])
+        ref = self.remote.ref(i)
+        return os.path.exists(os.path.join(self.cache.data_dir, self.cache.key_for(ref.url, ref.hash, ref.version)))
 
     def discard(self, i: int) -> bool:
         """Drop the cached copy of shard ``i`` (found damaged), so the next use fetches it again."""
-        return self.cache.discard(self.url_of(i), self.hashes[i])
+        ref = self.remote.ref(i)
+        return self.cache.discard(ref.url, ref.hash, ref.version)
 
 
 def open_remote_index(url: str, cache_dir: str | None = None, limit_bytes: int | None = None,

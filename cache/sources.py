@@ -1,8 +1,9 @@
 """Where shard bytes come from, chosen by URL scheme.
 
 One small interface (`Source`: ``size()``, ``read_range(start, end)``,
-``list()``) with two backends: plain paths and ``file://`` read with pread;
-every other scheme fsspec knows (``http(s)://``, ``s3://``, ``gs://`` ...)
+``list()``) with three backends: plain paths and ``file://`` read with
+pread; ``http(s)://`` by shardfeed's own checked, bounded client
+(http_source.py); every other scheme fsspec knows (``s3://``, ``gs://`` ...)
 through fsspec. An unknown scheme, a scheme whose fsspec driver is not
 installed, and shell URLs (``pipe:``) are refused with a ShardError naming
 the URL: the cache never runs a command to get bytes.
@@ -79,6 +80,16 @@ class FsspecSource(Source):
             raise ShardError(self.url, "server reports no size for this object (no Content-Length)")
         return int(size)
 
+    def stat(self):
+        """The object's Identity (size, ETag, Last-Modified), asked afresh."""
+        from shardfeed.cache.http_source import Identity
+
+        self.fs.invalidate_cache(self.path)
+        info = self.fs.info(self.path)
+        etag = info.get("ETag") or info.get("etag")
+        modified = info.get("LastModified") or info.get("last_modified") or info.get("mtime")
+        return Identity(info.get("size"), str(etag) if etag else None, str(modified) if modified else None)
+
     def read_range(self, start: int, end: int) -> bytes:
         data = self.fs.cat_file(self.path, start=start, end=end)
         want = end - start
@@ -124,9 +135,11 @@ def _merge(defaults: dict, given: dict) -> dict:
     return out
 
 
-def open_source(url: str, storage_options: dict | None = None, stall_s: float = 30.0) -> Source:
+def open_source(url: str, storage_options: dict | None = None, stall_s: float = 30.0,
+                min_rate: float = 0.0) -> Source:
     """The Source for ``url``; ``storage_options`` go to the fsspec filesystem
-    of the URL's scheme (as in ``fsspec.open``), over stall-timeout defaults."""
+    of the URL's scheme (as in ``fsspec.open``), over stall-timeout defaults;
+    for http(s):// only ``headers`` is used."""
     url = str(url)
     scheme = scheme_of(url)
     if scheme in _REFUSED:
@@ -134,6 +147,10 @@ def open_source(url: str, storage_options: dict | None = None, stall_s: float = 
                               "http(s)://, s3://, gs:// or file:// URL")
     if scheme in ("", "file"):
         return LocalSource(url)
+    if scheme in ("http", "https"):
+        from shardfeed.cache.http_source import HttpSource
+
+        return HttpSource(url, stall_s, min_rate, (storage_options or {}).get("headers"))
     import fsspec
     from fsspec.registry import known_implementations, registry
 

@@ -48,14 +48,19 @@ from shardfeed.formats.readers import hash_file
 
 __all__ = ["CacheLimitError", "ShardCache", "ShardRef"]
 
+IDENTITY_XATTR = "user.shardfeed.source"  # size|ETag|Last-Modified of an entry fetched without a hash
+MAX_SIDECAR_BYTES = 1 << 30  # a sidecar of millions of samples is ~100 MB: refuse absurd claims unread
+
 
 @dataclass(frozen=True)
 class ShardRef:
-    """What to fetch: the URL, and from the index its content hash and byte size."""
+    """What to fetch: the URL, and from the index its content hash and byte size;
+    ``version`` (the index's digest) keys a shard the index has no hash for."""
 
     url: str
     hash: str | None = None
     size: int | None = None
+    version: str | None = None
 
 
 class ShardCache:
@@ -81,17 +86,19 @@ class ShardCache:
             os.makedirs(d, exist_ok=True)
         self.lookahead = SharedLookahead(os.path.join(self.cache_dir, "lookahead"), share_lookahead)
         self._counters = dict(hits=0, misses=0, bytes_fetched=0, evictions=0, wait_s=0.0, fetch_s=0.0, errors=0,
-                              discarded=0)
+                              discarded=0, requests=0)
         self._mu = threading.Lock()
         self.budget = Budget(self.cache_dir, limit_bytes, wait_timeout_s, self.lookahead.merged, self._add)
 
     # -- public ---------------------------------------------------------------
 
     @staticmethod
-    def key_for(url: str, expected_hash: str | None = None) -> str:
+    def key_for(url: str, expected_hash: str | None = None, version: str | None = None) -> str:
+        """``h-<hash>``; without a hash ``u-<hash of the URL and version>``: a
+        dataset rewritten at the same URL has a new index, hence new keys."""
         if expected_hash:
             return "h-" + "".join(c for c in expected_hash.lower() if c in "0123456789abcdef")[:64]
-        return "u-" + xxhash.xxh3_128_hexdigest(str(url).encode())
+        return "u-" + xxhash.xxh3_128_hexdigest(f"{url}\0{version or ''}".encode())
 
     def path_for(self, url: str, expected_hash: str | None = None) -> str:
         """Where the entry lives once LOCAL (it may not be there yet)."""
@@ -101,34 +108,36 @@ class ShardCache:
         return os.path.exists(self.path_for(url, expected_hash))
 
     def get(self, url: str, expected_hash: str | None = None, size: int | None = None, *,
-            sidecar: bool = False, cancel: threading.Event | None = None) -> str:
+            sidecar: bool = False, cancel: threading.Event | None = None, version: str | None = None) -> str:
         """Local path of ``url``, fetched (and verified) if needed. Unpinned: it
         may be evicted after this returns; readers should use ``hold``."""
-        with self.hold(url, expected_hash, size, sidecar=sidecar, cancel=cancel) as path:
+        with self.hold(url, expected_hash, size, sidecar=sidecar, cancel=cancel, version=version) as path:
             return path
 
     @contextlib.contextmanager
     def hold(self, url: str, expected_hash: str | None = None, size: int | None = None, *,
-             sidecar: bool = False, cancel: threading.Event | None = None):
+             sidecar: bool = False, cancel: threading.Event | None = None, version: str | None = None):
         """Pin the entry (fetching it first if needed) for the ``with`` block.
 
         ``sidecar=True`` also brings ``<url>.idx`` to ``<path>.idx`` (checked by
-        its own digest), so ``open_shard(index, i, path)`` finds it.
+        its own digest), so ``open_shard(index, i, path)`` finds it. Without
+        ``expected_hash`` nor ``version`` a cached copy is revalidated against
+        the source (size, ETag, Last-Modified) and fetched again if it changed.
         """
-        key = self.key_for(url, expected_hash)
+        key = self.key_for(url, expected_hash, version)
         pin = FileLock(os.path.join(self.lock_dir, key + ".pin"))
         self._add(wait_s=acquire_timed(pin, shared=True))  # the evictor holds it only for an unlink
         try:
-            yield self._ensure(key, str(url), expected_hash, size, sidecar, cancel)
+            yield self._ensure(key, str(url), expected_hash, size, sidecar, cancel, check=not (expected_hash or version))
         finally:
             pin.release()
 
-    def discard(self, url: str, expected_hash: str | None = None) -> bool:
+    def discard(self, url: str, expected_hash: str | None = None, version: str | None = None) -> bool:
         """Remove the LOCAL copy of ``url`` (found damaged on disk by a reader's
         checksums), so the next get fetches and verifies it again. Processes
         that have it open keep reading their open file (and check it
         themselves). True if there was a copy."""
-        key = self.key_for(url, expected_hash)
+        key = self.key_for(url, expected_hash, version)
         path = os.path.join(self.data_dir, key)
         with FileLock(os.path.join(self.lock_dir, key + ".fetch")):  # not while someone renames a fresh copy in
             had = os.path.exists(path)
@@ -144,7 +153,7 @@ class ShardCache:
         plan: dict[str, int] = {}
         for item in items:
             what, step = item[0], int(item[1])
-            key = self.key_for(what.url, what.hash) if isinstance(what, ShardRef) else \
+            key = self.key_for(what.url, what.hash, what.version) if isinstance(what, ShardRef) else \
                 self.key_for(what, item[2] if len(item) > 2 else None)
             if step < plan.get(key, step + 1):
                 plan[key] = step
@@ -183,42 +192,63 @@ class ShardCache:
             for k, v in delta.items():
                 self._counters[k] += v
 
-    def _ensure(self, key, url, expected_hash, size, sidecar, cancel) -> str:
+    def _ensure(self, key, url, expected_hash, size, sidecar, cancel, check=False) -> str:
         path = os.path.join(self.data_dir, key)
-        if os.path.exists(path) and (not sidecar or self._has_sidecar_answer(path)):
+        if os.path.exists(path) and (not sidecar or self._has_sidecar_answer(path)) and not check:
             self._add(hits=1)
             _touch(path)
             return path
         lock = FileLock(os.path.join(self.lock_dir, key + ".fetch"))
         self._add(wait_s=acquire_timed(lock))
         try:
+            if os.path.exists(path) and check and not self._still_same(url, path):
+                for p in (path, path + SIDECAR, path + NO_SIDECAR):
+                    unlink_quiet(p)  # changed at the source: the copy is stale (open files stay readable)
             if os.path.exists(path):
-                self._add(hits=1)  # another process fetched it while we waited
+                self._add(hits=1)  # cached, or another process fetched it while we waited
                 _touch(path)
             else:
                 self._add(misses=1)
                 try:
-                    self._download(key, url, path, expected_hash, size, cancel)
+                    self._download(key, url, path, expected_hash, size, cancel, check)
                 except BaseException:
                     self._add(errors=1)
                     raise
             if sidecar and not self._has_sidecar_answer(path):
-                self._fetch_sidecar(key, url, path, cancel)
+                self._fetch_sidecar(key, url, path, cancel, expected_hash)
         finally:
             lock.release()
         return path
 
-    def _download(self, key, url, path, expected_hash, size, cancel) -> None:
+    def _source(self, url: str):
         opts = self.fetch_options
-        src = open_source(url, self.storage_options, opts.stall_s)
+        return open_source(url, self.storage_options, opts.stall_s, opts.min_rate)
+
+    def _still_same(self, url: str, path: str) -> bool:
+        """Whether the source still has the version cached at ``path`` (one HEAD)."""
+        try:
+            was = os.getxattr(path, IDENTITY_XATTR).decode()
+        except OSError:
+            return False  # no record (a filesystem without user xattrs): fetch again, never serve stale
+        src = self._source(url)
+        if not hasattr(src, "stat"):
+            return was == f"{os.path.getsize(path)}|{_mtime_of(url)}"
+        self._add(requests=1)
+        return with_retries(url, "revalidating its cached copy", src.stat, self.fetch_options).token() == was
+
+    def _download(self, key, url, path, expected_hash, size, cancel, record_identity=False) -> None:
+        opts = self.fetch_options
+        src = self._source(url)
         if size is None:
+            self._add(requests=1)
             size = with_retries(url, "asking its size", src.size, opts)
         tmp = self.budget.make_room_and_create(key, "", int(size), url)
         t0 = time.monotonic()
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CLOEXEC)
             try:
-                fetch_to_fd(src, fd, int(size), opts, cancel, on_bytes=lambda n: self._add(bytes_fetched=n))
+                fetch_to_fd(src, fd, int(size), opts, cancel, on_bytes=lambda n: self._add(bytes_fetched=n),
+                            on_request=lambda: self._add(requests=1))
             finally:
                 os.close(fd)
             if expected_hash:
@@ -226,43 +256,95 @@ class ShardCache:
                 if actual != expected_hash.lower():
                     raise ShardError(url, f"content hash {actual} does not match the expected {expected_hash} "
                                           "(changed or damaged at the source); nothing was cached")
-            os.rename(tmp, path)
+            if record_identity:
+                ident = getattr(src, "identity", None)
+                token = ident.token() if ident is not None else f"{size}|{_mtime_of(url)}"
+                try:  # an attribute, not a file: no bytes beside the entry for the budget to miss
+                    os.setxattr(tmp, IDENTITY_XATTR, token.encode())
+                except OSError:
+                    pass
+            with self.budget.locked():  # never between a budget scan's listing and its sizes
+                os.rename(tmp, path)
         except BaseException:
             unlink_quiet(tmp)
             raise
         finally:
             self._add(fetch_s=time.monotonic() - t0)
 
+    def _write_small(self, key: str, suffix: str, path: str, data: bytes, url: str) -> None:
+        """A small file beside an entry (its identity, a sidecar), inside the budget."""
+        tmp = self.budget.make_room_and_create(key, suffix, len(data), url)
+        try:
+            with open(tmp, "r+b") as f:
+                f.write(data)
+            with self.budget.locked():
+                os.rename(tmp, path + suffix)
+        except BaseException:
+            unlink_quiet(tmp)
+            raise
+
     def _has_sidecar_answer(self, path: str) -> bool:
         return os.path.exists(path + SIDECAR) or os.path.exists(path + NO_SIDECAR)
 
-    def _fetch_sidecar(self, key, url, path, cancel) -> None:
+    def _fetch_sidecar(self, key, url, path, cancel, expected_hash=None) -> None:
         from shardfeed.formats.sidecar import read_sidecar
 
         opts = self.fetch_options
-        src = open_source(url + SIDECAR, self.storage_options, opts.stall_s)
-        try:
-            size = with_retries(src.url, "asking its size", src.size, opts)
-        except ShardError as e:
-            if isinstance(e.__cause__, FileNotFoundError) or "not found" in e.reason:
-                open(path + NO_SIDECAR, "wb").close()  # a foreign tar: the reader scans it
-                return
-            raise
+        src = self._source(url + SIDECAR)
+        if hasattr(src, "get_small"):  # one GET, no HEAD first: a 404 says there is none
+            self._add(requests=1)
+            try:
+                _, data = with_retries(src.url, "reading it", lambda: src.get_small(MAX_SIDECAR_BYTES), opts)
+            except ShardError as e:
+                if isinstance(e.__cause__, FileNotFoundError):
+                    self._write_small(key, NO_SIDECAR, path, b"", url)  # a foreign tar: the reader scans it
+                    return
+                raise
+            size = len(data)
+        else:
+            data = None
+            try:
+                self._add(requests=1)
+                size = with_retries(src.url, "asking its size", src.size, opts)
+            except ShardError as e:
+                if isinstance(e.__cause__, FileNotFoundError) or "not found" in e.reason:
+                    self._write_small(key, NO_SIDECAR, path, b"", url)
+                    return
+                raise
+            if size > MAX_SIDECAR_BYTES:
+                raise ShardError(src.url, f"sidecar claims {size:,} bytes, more than {MAX_SIDECAR_BYTES:,}")
         tmp = self.budget.make_room_and_create(key, SIDECAR, size, src.url)
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CLOEXEC)
-            try:
-                fetch_to_fd(src, fd, size, opts, cancel, on_bytes=lambda n: self._add(bytes_fetched=n))
-            finally:
-                os.close(fd)
+            if data is not None:
+                with open(tmp, "r+b") as f:
+                    f.write(data)
+            else:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CLOEXEC)
+                try:
+                    fetch_to_fd(src, fd, size, opts, cancel, on_bytes=lambda n: self._add(bytes_fetched=n),
+                                on_request=lambda: self._add(requests=1))
+                finally:
+                    os.close(fd)
             _, meta = read_sidecar(tmp, url)  # checks the sidecar's own digest
             if meta["shard_bytes"] != os.path.getsize(path):
                 raise ShardError(url, f"sidecar {src.url} describes {meta['shard_bytes']} bytes but the shard "
                                       f"has {os.path.getsize(path)} (stale sidecar); nothing was cached")
-            os.rename(tmp, path + SIDECAR)
+            if expected_hash and str(meta.get("shard_hash") or expected_hash).lower() != expected_hash.lower():
+                raise ShardError(url, f"sidecar {src.url} describes a shard of hash {meta.get('shard_hash')}, not "
+                                      f"{expected_hash} (stale sidecar); nothing was cached")
+            with self.budget.locked():
+                os.rename(tmp, path + SIDECAR)
         except BaseException:
             unlink_quiet(tmp)
             raise
+
+
+def _mtime_of(url: str) -> str:
+    path = url[len("file://"):] if url.startswith("file://") else url
+    try:
+        return str(os.stat(path).st_mtime_ns)
+    except OSError:
+        return ""
 
 def _touch(path: str) -> None:
     try:

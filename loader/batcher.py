@@ -45,9 +45,10 @@ class BatchMaker:
         self._refetched: set[int] = set()
         extra = {}
         if cached is not None:
+            from shardfeed.cache.reads import max_entry_bytes
             from shardfeed.loader.caching import reader_max_open
 
-            biggest = int(index.sizes.max()) if len(index) else 1
+            biggest = max_entry_bytes(index)  # the shard and its sidecar, as the checks count it
             extra = dict(path_of=cached.path_of, release=cached.release,
                          max_open=reader_max_open(cached.spec.limit_bytes, biggest, readers))
         self.reader = BatchReader(index, verify=True, skip=self.policy.skip, read_mode=read_mode, **extra)

@@ -32,7 +32,7 @@ import numpy as np
 
 from shardfeed.cache import CacheLimitError
 from shardfeed.cache.clairvoyant import PlanPrefetcher
-from shardfeed.cache.reads import CachedShards
+from shardfeed.cache.reads import CachedShards, entry_bytes, max_entry_bytes
 from shardfeed.cache.simulate import belady_bytes
 
 STEP_KEY = 10 ** 9
@@ -40,16 +40,74 @@ LOOKAHEAD_SHARDS = 4096  # shards one plan holds (the cache's lookahead)
 SIM_POSITIONS = 1 << 18  # samples of the epoch the thrash estimate simulates (bounds its cost, ~0.3 s)
 THRASH_RATIO = 2.0  # warn when Belady fetches more than this times the bytes the node reads
 PREFETCH_THREADS = 2
+PLAN_ENTRY_BYTES = 64  # one shard's entry in a published lookahead plan (JSON key and step), rounded up
 
 
 def step_key(epoch: int, step: int) -> int:
     return int(epoch) * STEP_KEY + int(step)
 
 
+def node_ranks(topology) -> int:
+    """Ranks sharing this node's cache: LOCAL_WORLD_SIZE, else every rank of the job
+    (one node; an overcount on several nodes only makes the check stricter)."""
+    return int(topology.ranks_per_node or topology.world_size)
+
+
 def reader_max_open(limit_bytes: int, max_shard: int, readers: int) -> int:
-    """Shards a reader keeps open (pinned) between reads: together at most a
-    quarter of the budget, so the rest stays free for fetching."""
-    return max(1, min(256, limit_bytes // max(1, 4 * readers * max_shard)))
+    """Shards a reader keeps open (pinned) between reads, ``readers`` being
+    every reader of the node: together at most a quarter of the budget, 0 when
+    the budget is tight (each read then reopens its shards)."""
+    return max(0, min(256, limit_bytes // max(1, 4 * readers * max_shard)))
+
+
+def node_need(limit_bytes: int, max_shard: int, per_step: list[int]) -> int:
+    """Bytes the node's readers pin at worst (``per_step``: shards one read of
+    each reader of the node touches), each also keeping its open shards, plus
+    one shard being fetched. Below this two readers can wait on each other."""
+    kept = reader_max_open(limit_bytes, max_shard, len(per_step))
+    return (sum(per_step) + kept * len(per_step) + 1) * max_shard
+
+
+def smallest_limit(max_shard: int, per_step: list[int]) -> int:
+    """The smallest budget ``node_need`` accepts (kept-open shards grow with it)."""
+    limit = (sum(per_step) + 1) * max_shard
+    while node_need(limit, max_shard, per_step) > limit:
+        limit = node_need(limit, max_shard, per_step)
+    return limit
+
+
+def plain_read_shards(limit_bytes: int, index, readers: int, where: str, fixed: int = 0) -> int:
+    """Shards one read of a plain iteration may touch (a torch DataLoader's
+    worker splits its blocks to stay within it), ``readers`` being every reader
+    of the node and ``fixed`` the budget's bytes eviction cannot free (the
+    mirrored index); CacheLimitError when not even one shard each fits."""
+    if int(entry_bytes(index).sum()) + fixed <= limit_bytes:
+        return max(1, len(index))  # all of it fits: nothing is ever evicted or waited for
+    max_shard = max_entry_bytes(index)
+    limit_bytes -= fixed
+    slots = limit_bytes // max(1, readers * max_shard)
+    if slots < 1:
+        need = readers * max_shard + fixed
+        raise CacheLimitError(where, f"cache_limit_bytes={limit_bytes:,} is below the working set: {readers} "
+                              f"reader(s) on this node (LOCAL_WORLD_SIZE x DataLoader workers) each hold a shard "
+                              f"of up to {max_shard:,} bytes (and {fixed:,} bytes of index and plans stay); raise "
+                              f"cache_limit_bytes to at least {need:,} or use fewer workers", need)
+    return max(1, slots - reader_max_open(limit_bytes, max_shard, readers))
+
+
+def split_by_shards(ids: np.ndarray, offsets: np.ndarray, most: int) -> list[np.ndarray]:
+    """``ids`` cut, in order, into runs touching at most ``most`` distinct shards each."""
+    if len(ids) == 0:
+        return [ids]
+    shard = (np.searchsorted(offsets, ids, side="right") - 1).tolist()
+    out, start, seen = [], 0, set()
+    for j, s in enumerate(shard):
+        if s not in seen and len(seen) == most:
+            out.append(ids[start:j])
+            start, seen = j, set()
+        seen.add(s)
+    out.append(ids[start:])
+    return out
 
 
 class LoaderCache:
@@ -62,7 +120,7 @@ class LoaderCache:
         self.shards = CachedShards(dataset.index, self.spec, dataset.shard_url)
         self.feed = dataset.feed(schedule)  # private: used by the prefetch thread only, once started
         sizes = dataset.index.sizes
-        self.max_shard = int(sizes.max()) if len(sizes) else 0
+        self.max_shard = max_entry_bytes(dataset.index)  # with its sidecar: what the budget counts
         # the plan needs no more shards than the cache holds: anything further is evicted first anyway
         self.plan_len = int(min(len(sizes), LOOKAHEAD_SHARDS,
                                 self.spec.limit_bytes // max(1, int(sizes.min()) if len(sizes) else 1) + 2))
@@ -88,25 +146,47 @@ class LoaderCache:
                 for u in self.feed.lookahead(self.plan_len)]
 
     def _check_budget(self) -> int:
-        """The prefetch window in bytes; CacheLimitError if the working set cannot fit."""
-        per_step = self.shards_per_step(self.feed.epoch)
+        """The prefetch window in bytes; CacheLimitError if the node's working set cannot fit.
+
+        Every rank of the node shares the cache, so the check counts every
+        reader of the node (ranks x readers per rank), each pinning the shards
+        of its read plus those it keeps open: with less, two readers could
+        each wait for room the other's pins hold."""
+        ranks = self.node_per_step(self.feed.epoch)
+        per_step = [n for n in ranks for _ in range(self.readers)]
         limit = self.spec.limit_bytes
-        needed = (self.readers * per_step + 1) * self.max_shard
+        # what eviction cannot free: the mirrored index and log, and the plans the node's prefetchers publish
+        plans = len(ranks) * PLAN_ENTRY_BYTES * min(len(self.ds.index), LOOKAHEAD_SHARDS)  # at most, at any limit
+        fixed = self.spec.open().budget.fixed_bytes(plans=False) + plans
+        whole = fixed + int(entry_bytes(self.ds.index).sum())  # all of it fits: nothing is evicted or waited for
+        needed = min(whole, fixed + node_need(limit - fixed, self.max_shard, per_step))
         if needed > limit:
-            raise CacheLimitError(self.spec.cache_dir, f"cache_limit_bytes={limit:,} is below the working set: "
-                                  f"{self.readers} reader(s) x {per_step} shard(s) per step plus one being "
-                                  f"fetched, of up to {self.max_shard:,} bytes each, need {needed:,} bytes; "
-                                  f"raise cache_limit_bytes to at least {needed:,}, use fewer workers, or a "
-                                  "shuffle that reads fewer shards per step ('block', 'shard')", needed)
-        held_open = self.readers * (per_step + reader_max_open(limit, self.max_shard, self.readers))
-        return max(self.max_shard, limit - held_open * self.max_shard)
+            least = min(whole, fixed + smallest_limit(self.max_shard, per_step))
+            raise CacheLimitError(self.spec.cache_dir, f"cache_limit_bytes={limit:,} is below the working set of "
+                                  f"this node: {len(ranks)} rank(s) x {self.readers} reader(s), up to {max(ranks)} "
+                                  f"shard(s) per step each, plus one being fetched, of up to {self.max_shard:,} "
+                                  f"bytes each, and {fixed:,} bytes of index and plans; raise cache_limit_bytes to "
+                                  f"at least {least:,}, use fewer workers, "
+                                  "or a shuffle that reads fewer shards per step ('block', 'shard')", least)
+        return max(self.max_shard, limit - needed + self.max_shard)
+
+    def node_per_step(self, epoch: int, max_positions: int = SIM_POSITIONS) -> list[int]:
+        """Most shards one step reads, for each rank of this node, over a bounded prefix of ``epoch``."""
+        job, rank = self.feed.job(epoch), self.ds.topology.rank
+        rpn = job.ranks_per_node or job.world_size
+        node = rank // rpn
+        ranks = range(node * rpn, min(job.world_size, (node + 1) * rpn))
+        return [self.shards_per_step(epoch, max_positions) if r == rank else
+                self._per_step(self.ds.spec.plan(epoch, job, r), job.batch_size(r), max_positions) for r in ranks]
 
     def shards_per_step(self, epoch: int, max_positions: int = SIM_POSITIONS) -> int:
         """Most shards one step of this rank reads, over a bounded prefix of ``epoch``."""
-        index, feed = self.ds.index, self.feed
-        plan, bs = feed.plan(epoch), feed.batch_size(epoch)
+        return self._per_step(self.feed.plan(epoch), self.feed.batch_size(epoch), max_positions)
+
+    def _per_step(self, plan, bs: int, max_positions: int) -> int:
+        index = self.ds.index
         m = min(plan.num_samples, max(bs, max_positions))
-        if m == 0:
+        if m == 0 or bs <= 0:
             return 1
         shard = np.searchsorted(index.offsets, plan.positions(0, m), side="right") - 1
         steps = np.unique((np.arange(m, dtype=np.int64) // bs) * len(index) + shard) // len(index)
@@ -216,5 +296,5 @@ def open_cached(source, cache_dir, limit_bytes, storage_options):
     else:
         index = open_index(source)
     if len(index):
-        cache.reserve(int(index.sizes.max()))
+        cache.reserve(max_entry_bytes(index))
     return spec, index

@@ -256,6 +256,10 @@ class ShardDataset(torch.utils.data.IterableDataset):
             from shardfeed.cache.reads import CachedShards
 
             cached = CachedShards(self.index, self.cache, self.shard_url)
+        if cached is not None:
+            from shardfeed.loader.caching import node_ranks
+
+            readers *= node_ranks(self.topology)  # every rank of the node shares the cache's budget
         maker = BatchMaker(self.index, decode=self.decode if decode is None else decode, transform=self.transform,
                            collate_fn=collate_fn, policy=self.policy, read_mode=self.read_mode, cached=cached,
                            readers=readers)
@@ -270,13 +274,20 @@ class ShardDataset(torch.utils.data.IterableDataset):
         info = torch.utils.data.get_worker_info()
         wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
         plan = self.unbatched_plan()
-        maker = self.maker(_as_samples)
+        most = len(self.index) or 1  # shards one read may touch: bounded by a cache's budget
+        if self.cache is not None:
+            from shardfeed.loader.caching import node_ranks, plain_read_shards, split_by_shards
+
+            most = plain_read_shards(self.cache.limit_bytes, self.index, nw * node_ranks(self.topology),
+                                     self.cache.cache_dir, self.cache.open().budget.fixed_bytes())
+        maker = self.maker(_as_samples, readers=nw)
         try:
             for b in steps_of(wid, nw, 0, -(-plan.num_samples // _BLOCK)):
                 ids = plan.positions(b * _BLOCK, min(plan.num_samples, (b + 1) * _BLOCK))
-                samples, info = maker.make(ids, self.image_size)
-                self.policy.report(info["errors"])
-                yield from samples
+                for part in (split_by_shards(ids, self.index.offsets, most) if self.cache is not None else (ids,)):
+                    samples, info = maker.make(part, self.image_size)
+                    self.policy.report(info["errors"])
+                    yield from samples
         finally:
             maker.close()
 

@@ -8,7 +8,7 @@ life. ``LoaderStats.snapshot()`` returns a ``StatsSnapshot``:
                "read_s": ..., "decode_s": ..., "collate_s": ..., "transfer_s": ...,
                "bytes_read": ..., "errors_skipped": ...,
                "cache_hits": ..., "cache_misses": ..., "bytes_fetched": ...,
-               "fetch_wait_s": ..., "evictions": ...},   # 0 unless read through the cache
+               "fetch_wait_s": ..., "evictions": ..., "requests": ...},   # 0 unless read through the cache
      "total": {the same keys, no "number"},
      "samples": ..., ...}   # the totals again, flat, as stats() always returned them
 
@@ -41,6 +41,7 @@ class Counters:
     bytes_fetched: int = 0  # from the source, by readers and the prefetcher
     fetch_wait_s: float = 0.0  # readers' time waiting for shards (summed over workers)
     evictions: int = 0
+    requests: int = 0  # to the source (ranged GETs, HEADs, index and log revalidations)
 
     def view(self, running_s: float = 0.0) -> dict:
         """The counters plus the rates derived from them; ``running_s`` is the
@@ -91,6 +92,7 @@ class LoaderStats:
     bytes_fetched = _Counted()
     fetch_wait_s = _Counted()
     evictions = _Counted()
+    requests = _Counted()
 
     def __init__(self):
         self.epoch = Counters()
@@ -148,6 +150,7 @@ class LoaderStats:
         """Fetch counters of one process's cache (deltas)."""
         self.bytes_fetched += c["bytes_fetched"]
         self.evictions += c["evictions"]
+        self.requests += c.get("requests", 0)
 
     def snapshot(self) -> StatsSnapshot:
         running = time.perf_counter() - self.started if self.started is not None else 0.0

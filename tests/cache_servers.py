@@ -10,6 +10,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
+from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlsplit
 
@@ -18,14 +19,24 @@ from shardfeed.tools.http_range import start_range_reply
 
 @dataclass
 class Fault:
-    """Misbehave on the next ``times`` GETs of paths ending in ``suffix``:
-    "reset" cuts the connection mid-body, "stall" waits ``stall_s`` before the
-    body, "500" answers an internal error."""
+    """Misbehave on the next ``times`` requests (of ``methods``) of paths ending in ``suffix``:
+
+    - "reset": cut the connection mid-body; "stall": wait ``stall_s`` before the body;
+    - "500" / "503": answer that server error;
+    - "endless": a 200 with no Content-Length and a body that never ends;
+    - "ignore_range": answer a Range request with 200 and the whole file;
+    - "trickle": send the body one byte every ``stall_s`` seconds;
+    - "etag": answer with another ETag (the file changed between ranges);
+    - "wrong_range": a 206 whose Content-Range names other bytes than asked;
+    - "huge": claim a 600 MiB body (Content-Length) and send zeros for ever.
+    """
 
     suffix: str
     kind: str
     times: int = 1
     stall_s: float = 3.0
+    methods: tuple = ("GET",)
+    skip: int = 0  # matching requests answered normally first
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -51,26 +62,71 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _serve(self, body: bool):
         path, rel = self._file()
-        if body:
-            self.server.count(rel)
-        fault = self.server.take_fault(rel) if body else None
-        if fault is not None and fault.kind == "500":
-            return self._send(500, b"injected failure")
+        self.server.count(rel, self.command)
+        fault = self.server.take_fault(rel, self.command)
+        kind = fault.kind if fault is not None else None
+        if kind in ("500", "503"):
+            return self._send(int(kind), b"injected failure", body=body)
         if path is None or not os.path.exists(path):
             return self._send(404, b"not found", body=body)  # a HEAD reply carries no body: keep-alive stays in step
         if os.path.isdir(path):
             names = sorted(os.listdir(path))
             links = "".join(f'<a href="{html.escape(n)}">{html.escape(n)}</a>\n' for n in names)
             return self._send(200, f"<html><body>{links}</body></html>".encode(), "text/html", body)
-        size = os.path.getsize(path)
-        start, end = start_range_reply(self, size)
+        st = os.stat(path)
+        size = st.st_size
+        etag = f'"{size:x}-{st.st_ino:x}-{st.st_mtime_ns:x}' + ('-other"' if kind == "etag" else '"')
+        validators = {"ETag": etag, "Last-Modified": formatdate(st.st_mtime, usegmt=True)}
+        if self.headers.get("If-None-Match") == etag:
+            self.send_response(304)
+            self.send_header("ETag", etag)
+            self.end_headers()
+            return
+        if self.headers.get("If-Match") not in (None, etag):
+            return self._send(412, b"precondition failed", body=body)
+        if kind in ("endless", "huge"):
+            self.send_response(200)
+            if kind == "huge":
+                self.send_header("Content-Length", str(600 << 20))
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.close_connection = True
+            try:
+                while body and not self.server.stopping:
+                    self.wfile.write(b"\0" * 65536)
+            except OSError:
+                pass
+            return
+        if kind == "ignore_range":
+            del self.headers["Range"]
+        if kind == "wrong_range" and "Range" in self.headers:
+            self.send_response(206)
+            self.send_header("Content-Length", "1")
+            self.send_header("Content-Range", f"bytes 0-0/{size}")
+            self.end_headers()
+            if body:
+                self.wfile.write(b"x")
+            return
+        start, end = start_range_reply(self, size, validators)
         if not body:
             return
         with open(path, "rb") as f:
             data = os.pread(f.fileno(), end - start, start)
-        if fault is not None and fault.kind == "stall":
+        if kind == "stall":
             time.sleep(fault.stall_s)
-        if fault is not None and fault.kind == "reset":
+        if kind == "trickle":
+            try:
+                for i in range(len(data)):
+                    if self.server.stopping:
+                        break
+                    self.wfile.write(data[i:i + 1])
+                    self.wfile.flush()
+                    time.sleep(fault.stall_s)
+            except OSError:
+                pass
+            self.close_connection = True
+            return
+        if kind == "reset":
             self.wfile.write(data[: len(data) // 2])
             self.wfile.flush()
             self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
@@ -89,8 +145,9 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class RangeServer(ThreadingHTTPServer):
-    """``RangeServer(root)``: serves ``root`` on 127.0.0.1 in a thread; ``url``,
-    ``requests`` (GETs per relative path), ``faults`` (list of Fault)."""
+    """``RangeServer(root)``: serves ``root`` on 127.0.0.1 in a thread, with
+    ETag / Last-Modified, If-None-Match (304) and If-Match (412); ``url``,
+    ``requests`` (GETs per relative path), ``heads``, ``faults`` (list of Fault)."""
 
     daemon_threads = True
 
@@ -98,23 +155,33 @@ class RangeServer(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.root = root
         self.requests: dict[str, int] = {}
+        self.heads: dict[str, int] = {}
         self.faults: list[Fault] = []
+        self.stopping = False
         self._mu = threading.Lock()
         self.url = f"http://127.0.0.1:{self.server_address[1]}"
         self._thread = threading.Thread(target=self.serve_forever, name="test-http", daemon=True)
 
-    def count(self, rel: str) -> None:
+    def count(self, rel: str, method: str = "GET") -> None:
         with self._mu:
-            self.requests[rel] = self.requests.get(rel, 0) + 1
+            d = self.requests if method == "GET" else self.heads
+            d[rel] = d.get(rel, 0) + 1
 
     def gets(self, suffix: str) -> int:
         with self._mu:
             return sum(n for p, n in self.requests.items() if p.endswith(suffix))
 
-    def take_fault(self, rel: str) -> Fault | None:
+    def head_count(self, suffix: str = "") -> int:
+        with self._mu:
+            return sum(n for p, n in self.heads.items() if p.endswith(suffix))
+
+    def take_fault(self, rel: str, method: str = "GET") -> Fault | None:
         with self._mu:
             for f in self.faults:
-                if f.times > 0 and rel.endswith(f.suffix):
+                if f.times > 0 and rel.endswith(f.suffix) and method in f.methods:
+                    if f.skip > 0:
+                        f.skip -= 1
+                        return None
                     f.times -= 1
                     return f
         return None
@@ -124,6 +191,7 @@ class RangeServer(ThreadingHTTPServer):
         return self
 
     def __exit__(self, *exc):
+        self.stopping = True
         self.shutdown()
         self.server_close()
 

@@ -101,7 +101,7 @@ def test_window_larger_than_budget_fails_at_start(tmp_path, served):
 def test_consumed_shards_leave_the_plan(tmp_path, served):
     """Regression: the plan once kept the steps of shards already read, so
     they looked "needed soonest" and the shards coming next were evicted."""
-    cache = ShardCache(str(tmp_path / "c"), 3000, fetch=FAST)
+    cache = ShardCache(str(tmp_path / "c"), 3600, fetch=FAST)  # three shards and the plan file (counted too)
     refs = _refs(served)
     with Prefetcher(cache, refs, max_ahead_bytes=2000, threads=1) as pf:
         for i in range(8):

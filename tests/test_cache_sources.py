@@ -121,3 +121,26 @@ def test_cache_stands_on_formats_only():
     code = ("import sys, shardfeed.cache; bad = [m for m in ('torch', 'shardfeed.loader', 'shardfeed.tools') "
             "if m in sys.modules]; sys.exit(str(bad) if bad else 0)")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_damaged_local_shard_through_the_cache_is_refused_and_not_cached(tmp_path):
+    """A local dataset read with a cache_dir: a shard damaged after indexing is
+    hashed like a remote one, never cached under its expected hash nor delivered."""
+    from conftest import labelled_sample
+    from shardfeed.formats import ShardWriter, open_index
+    from shardfeed.loader import ShardDataset
+
+    root = str(tmp_path / "ds")
+    with ShardWriter(root, max_shard_samples=8) as w:
+        for i in range(24):
+            w.write(labelled_sample(i, 512))
+    p = open_index(root).path(1)
+    data = bytearray(open(p, "rb").read())
+    data[1000] ^= 0xFF  # inside a payload: same size, other bytes
+    open(p, "wb").write(bytes(data))
+    cdir = str(tmp_path / "c")
+    ds = ShardDataset(root, shuffle="none", cache_dir=cdir, cache_limit_bytes=1 << 20)
+    with pytest.raises(ShardError, match="does not match the expected"):
+        list(ds)
+    expected = ShardCache.key_for(p, open_index(root).hashes[1])
+    assert not os.path.exists(os.path.join(cdir, "data", expected))

@@ -27,13 +27,23 @@ def _files(folder, n, size=100) -> list[str]:
     return paths
 
 
+SIZE = 10_000
+PLAN_ROOM = 2_000  # the budget counts the published lookahead plans too (a few hundred bytes here)
+THREE = 3 * SIZE + PLAN_ROOM  # three entries fit, four do not
+
+
+def _plans(cache) -> int:
+    folder = os.path.join(cache.cache_dir, "lookahead")
+    return sum(os.path.getsize(os.path.join(folder, n)) for n in os.listdir(folder))
+
+
 def _cached(cache, urls) -> list[int]:
     return [i for i, u in enumerate(urls) if cache.contains(u)]
 
 
 def test_evicts_farthest_next_use(tmp_path):
-    urls = _files(str(tmp_path / "src"), 5)
-    cache = ShardCache(str(tmp_path / "c"), 300, fetch=FAST)
+    urls = _files(str(tmp_path / "src"), 5, SIZE)
+    cache = ShardCache(str(tmp_path / "c"), THREE, fetch=FAST)
     for u in urls[:3]:
         cache.get(u)
     cache.set_lookahead([(urls[0], 5), (urls[1], 1), (urls[2], 9), (urls[3], 2)])
@@ -41,12 +51,12 @@ def test_evicts_farthest_next_use(tmp_path):
     assert _cached(cache, urls) == [0, 1, 3]  # 2 was needed last
     cache.get(urls[4])  # s4 is in no plan, nor is anything else unplanned: the farthest planned goes
     assert _cached(cache, urls) == [1, 3, 4]
-    assert cache.stats()["evictions"] == 2 and cache.used_bytes() == 300
+    assert cache.stats()["evictions"] == 2 and cache.used_bytes() - _plans(cache) == 3 * SIZE
 
 
 def test_unplanned_entries_go_first_least_recently_used(tmp_path):
-    urls = _files(str(tmp_path / "src"), 5)
-    cache = ShardCache(str(tmp_path / "c"), 300, fetch=FAST)
+    urls = _files(str(tmp_path / "src"), 5, SIZE)
+    cache = ShardCache(str(tmp_path / "c"), THREE, fetch=FAST)
     for u in urls[:3]:
         cache.get(u)
         time.sleep(0.01)
@@ -57,9 +67,9 @@ def test_unplanned_entries_go_first_least_recently_used(tmp_path):
 
 
 def test_lookahead_of_another_process_counts(tmp_path):
-    urls = _files(str(tmp_path / "src"), 4)
-    other = ShardCache(str(tmp_path / "c"), 300, fetch=FAST)
-    cache = ShardCache(str(tmp_path / "c"), 300, fetch=FAST)
+    urls = _files(str(tmp_path / "src"), 4, SIZE)
+    other = ShardCache(str(tmp_path / "c"), THREE, fetch=FAST)
+    cache = ShardCache(str(tmp_path / "c"), THREE, fetch=FAST)
     for u in urls[:3]:
         cache.get(u)
     other.set_lookahead([(urls[0], 1), (urls[1], 2)])  # another rank needs s0 and s1 soon
@@ -69,8 +79,8 @@ def test_lookahead_of_another_process_counts(tmp_path):
 
 
 def test_pinned_entry_is_not_evicted(tmp_path):
-    urls = _files(str(tmp_path / "src"), 4)
-    cache = ShardCache(str(tmp_path / "c"), 300, fetch=FAST, wait_timeout_s=0.3)
+    urls = _files(str(tmp_path / "src"), 4, SIZE)
+    cache = ShardCache(str(tmp_path / "c"), THREE, fetch=FAST, wait_timeout_s=0.3)
     with cache.hold(urls[0]) as p0:
         cache.get(urls[1])
         cache.get(urls[2])

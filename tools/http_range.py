@@ -24,9 +24,10 @@ def resolve(root: str, request_path: str) -> str | None:
     return path if path == root or path.startswith(root + os.sep) else None
 
 
-def start_range_reply(handler: BaseHTTPRequestHandler, size: int) -> tuple[int, int]:
+def start_range_reply(handler: BaseHTTPRequestHandler, size: int, headers: dict | None = None) -> tuple[int, int]:
     """Send the status and headers answering the request's Range (200 without
-    one, 206 with one) for a body of ``size`` bytes; returns the [start, end) to send."""
+    one, 206 with one) for a body of ``size`` bytes; returns the [start, end) to send.
+    ``headers`` (an ETag, Last-Modified) are sent too."""
     start, end, status = 0, size, 200
     m = _RANGE.match(handler.headers.get("Range", ""))
     if m:
@@ -36,6 +37,8 @@ def start_range_reply(handler: BaseHTTPRequestHandler, size: int) -> tuple[int, 
     handler.send_response(status)
     handler.send_header("Content-Length", str(max(0, end - start)))
     handler.send_header("Accept-Ranges", "bytes")
+    for k, v in (headers or {}).items():
+        handler.send_header(k, v)
     if status == 206:
         handler.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
     handler.end_headers()
