@@ -262,6 +262,16 @@ def publish(root: str, info: ShardInfo) -> int:
     return commit_log.publish(root, info)
 
 
+def check_unique_names(names, where: str) -> None:
+    """A growing dataset commits a name at most once: a second row of one name
+    (index.arrow and the log, or the log twice) would deliver its samples twice."""
+    if len(set(names)) != len(names):
+        seen: set = set()
+        twice = next(n for n in names if n in seen or seen.add(n))
+        raise ShardError(where, f"shard {twice} is committed twice (in {INDEX_NAME} and the log, or twice in "
+                                "the log): the log is damaged; its samples would be delivered twice")
+
+
 ON_ERROR = ("raise", "skip")
 
 
@@ -304,6 +314,8 @@ def open_index(source, follow_log: bool = True, on_error: str = "raise") -> Data
                 raise ShardError(root, f"no {INDEX_NAME}, no commit log and no tar shards here")
             return _scan_foreign(root, shards, on_error)
     entries = read_log(root, after=log_seq) if follow_log else []
+    if os.path.isdir(os.path.join(root, LOG_DIR)):
+        check_unique_names(list(names) + [e.name for _, e in entries], root)
     if entries:
         names = list(names) + [e.name for _, e in entries]
         formats = list(formats) + [e.format for _, e in entries]

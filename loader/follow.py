@@ -48,7 +48,7 @@ import time
 
 import numpy as np
 
-from shardfeed.formats.commit_log import LOG_DIR, open_stream_index, read_commits
+from shardfeed.formats.commit_log import LOG_DIR, check_new_names, open_stream_index, read_commits
 from shardfeed.formats.errors import ShardError
 from shardfeed.loader.feed import STATE_VERSION, Feed, Upcoming, WorkItem
 from shardfeed.loader.schedule import BatchSchedule, Stage
@@ -177,6 +177,7 @@ class _Log:
         self.end = view.end if growing else int(index.meta["folded_seq"])
         self.seen = int(index.meta.get("seen_seq", 0))
         self.last_change = time.monotonic()
+        self.known = dict(zip(self.names, self.seqs))  # a name committed again later is damage
 
     @property
     def total(self) -> int:
@@ -189,6 +190,7 @@ class _Log:
         view = read_commits(self.root, after=self.seen)
         if not view.shards and view.end is None:
             return False
+        check_new_names(self.known, view.shards, self.root)
         for seq, info in view.shards:
             self.names.append(info.name)
             self.counts.append(info.samples)
