@@ -57,9 +57,7 @@ def _check(args) -> dict:
     from shardfeed.tools import arg_bounds as B
 
     err = B.first(B.overlap(args.src, args.dst), B.duration("--poll-s", args.poll_s, above=True, hi=B.DAY_S),
-                  B.duration("--idle-exit-s", args.idle_exit_s),
-                  None if args.max_shard_samples is None else
-                  B.count("--max-shard-samples", args.max_shard_samples, 1, 1 << 40))
+                  B.duration("--idle-exit-s", args.idle_exit_s))
     if err:
         raise ValueError(err)
     try:
