@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import xxhash
 
 from shardfeed.formats.errors import ShardError
 from shardfeed.formats.sidecar import decode_dictionary, fixed_width_values, table_digest
@@ -182,17 +183,52 @@ def write_index(root: str, shards: Iterable[ShardInfo], fields: Sequence[str] = 
     })
     meta = {"version": INDEX_VERSION, "hash": HASH_ALGO, "fields": list(fields), "log_seq": log_seq}
     for k, v in (extra or {}).items():
-        if k in meta or k == "digest":
+        if k in meta or k in ("digest", "file_digest"):
             raise ValueError(f"write_index extra key {k!r} is one the index uses itself; pick another name")
         meta[k] = v
     meta["digest"] = table_digest(tbl, meta)
+    meta["file_digest"] = _UNSEALED
     tbl = tbl.replace_schema_metadata({b"shardfeed.index": json.dumps(meta).encode()})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, tbl.schema) as w:
+        w.write_table(tbl)
+    raw = sink.getvalue().to_pybytes()
     path = os.path.join(root, INDEX_NAME)
     tmp = f"{path}.tmp-{os.getpid()}"
-    with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, tbl.schema) as w:
-        w.write_table(tbl)
+    with open(tmp, "wb") as f:
+        f.write(_seal(raw))
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
     return path
+
+
+# The digest covers the table's values and metadata, not the bytes that hold them: of 1,946 bytes of a
+# small index.arrow, 775 could be flipped unnoticed (the schema message before the batches, padding,
+# flatbuffer fields pyarrow reads past). The file's own xxh3-128 is written into its metadata in place of
+# a placeholder of the same length (so no offset moves) and checked with the placeholder put back.
+_UNSEALED = "0" * 32
+
+
+def _token(value: str) -> bytes:
+    return f'"file_digest": "{value}"'.encode()
+
+
+def _seal(raw: bytes) -> bytes:
+    digest = xxhash.xxh3_128(raw).hexdigest()
+    return raw.replace(_token(_UNSEALED), _token(digest))
+
+
+def _check_seal(raw: bytes, meta: dict, path: str) -> None:
+    value = meta.get("file_digest")
+    if value is None:
+        return  # an index written before the seal: its digest still covers the values
+    if not (isinstance(value, str) and len(value) == 32 and all(c in "0123456789abcdef" for c in value)) \
+            or raw.count(_token(value)) != 2:
+        raise ShardError(path, f"index file_digest {value!r} is malformed (corrupt index)")
+    if xxhash.xxh3_128(raw.replace(_token(value), _token(_UNSEALED))).hexdigest() != value:
+        raise ShardError(path, "index fails its file checksum (bytes damaged on disk: corrupt index); restore "
+                               "it or rebuild it with `shardfeed convert`")
 
 
 def _int64s(col) -> np.ndarray:
@@ -202,12 +238,15 @@ def _int64s(col) -> np.ndarray:
 
 
 def _read_index_file(path: str, root: str) -> tuple[dict, list]:
-    from shardfeed.formats.sidecar import read_arrow_file
+    from shardfeed.formats.files import open_regular
+    from shardfeed.formats.sidecar import read_arrow_bytes
 
     try:
-        tbl = read_arrow_file(path, path, "index")
+        with open_regular(path, what="index") as f:  # one read: the bytes parsed are the bytes checksummed
+            raw = f.read()
     except FileNotFoundError as e:
         raise ShardError(path, "index vanished while opening it") from e
+    tbl = read_arrow_bytes(raw, path, "index", INDEX_NAME)
     try:
         meta = json.loads((tbl.schema.metadata or {})[b"shardfeed.index"])
         if not isinstance(meta, dict):
@@ -225,6 +264,7 @@ def _read_index_file(path: str, root: str) -> tuple[dict, list]:
     if not ok:
         raise ShardError(path, "index fails its digest (corrupt index); restore it or rebuild it "
                                "with `shardfeed convert`")
+    _check_seal(raw, meta, path)
     try:
         fmt = tbl.column("format").combine_chunks()
         if pa.types.is_dictionary(fmt.type):

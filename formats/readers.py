@@ -287,6 +287,11 @@ class TarShardReader:
                 self.data.close()
             except BufferError:
                 pass
+        else:
+            # a compressed shard's decompressed bytes: the budget no longer counts them, so the reader
+            # must not keep them either (a closed reader still referenced, by a table of shards or a
+            # traceback, held its whole shard: memory grew with every compressed shard opened)
+            self.data = b""
 
     def __enter__(self):
         return self
@@ -297,6 +302,7 @@ class TarShardReader:
 
 _FOOTER_ERRORS = (pa.ArrowException, OSError, ValueError, KeyError, TypeError, IndexError, OverflowError,
                   AttributeError, UnicodeDecodeError)
+FOOTER_ERRORS = _FOOTER_ERRORS  # what a damaged Parquet/Arrow footer makes pyarrow raise, for other readers
 
 
 class ColumnarShardReader:
