@@ -104,14 +104,15 @@ def judge(rows: list[dict]) -> list[str]:
 
 
 def main(args: argparse.Namespace) -> int:
-    if not 0 < args.max_samples <= 1 << 40:
-        print(f"shardfeed audit: error: --max-samples {args.max_samples} is outside [1, {1 << 40}]")
+    max_samples = getattr(args, "max_samples", _records.MAX_SAMPLES)  # a caller's Namespace may lack it
+    if not 0 < max_samples <= 1 << 40:
+        print(f"shardfeed audit: error: --max-samples {max_samples} is outside [1, {1 << 40}]")
         return 2
     if not 0 <= args.examples <= 20:
         print(f"shardfeed audit: error: --examples {args.examples} is outside [0, 20]")
         return 2
     try:
-        states = [_records.load(p, args.max_samples) for p in args.records]
+        states = [_records.load(p, max_samples) for p in args.records]
         _records.check_agree(states, list(args.records))
         rows = merge(states, list(args.records))
     except ValueError as e:
