@@ -176,9 +176,10 @@ class _Scan:
     @classmethod
     def of(cls, root: str, seqs: list[int]) -> _Scan:
         log = os.path.realpath(os.path.join(root, LOG_DIR))
-        scan = cls._by_log.setdefault(log, cls())
+        key = (log, os.stat(log).st_ino)  # a log deleted and made again at the same path is another log
+        scan = cls._by_log.setdefault(key, cls())
         if seqs and seqs[-1] < scan.upto:  # the log was replaced under the writer: start over
-            scan = cls._by_log[log] = cls()
+            scan = cls._by_log[key] = cls()
         scan._index(root)
         for seq in seqs:
             if seq > scan.upto:

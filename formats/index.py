@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import xxhash
 
 from shardfeed.formats.errors import ShardError
+from shardfeed.formats.index_seal import UNSEALED, check_seal, seal
 from shardfeed.formats.sidecar import decode_dictionary, fixed_width_values, table_digest
 from shardfeed.formats.sources import ShardPath, expand_source, is_pattern
 
@@ -187,7 +187,7 @@ def write_index(root: str, shards: Iterable[ShardInfo], fields: Sequence[str] = 
             raise ValueError(f"write_index extra key {k!r} is one the index uses itself; pick another name")
         meta[k] = v
     meta["digest"] = table_digest(tbl, meta)
-    meta["file_digest"] = _UNSEALED
+    meta["file_digest"] = UNSEALED
     tbl = tbl.replace_schema_metadata({b"shardfeed.index": json.dumps(meta).encode()})
     sink = pa.BufferOutputStream()
     with pa.ipc.new_file(sink, tbl.schema) as w:
@@ -196,39 +196,11 @@ def write_index(root: str, shards: Iterable[ShardInfo], fields: Sequence[str] = 
     path = os.path.join(root, INDEX_NAME)
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "wb") as f:
-        f.write(_seal(raw))
+        f.write(seal(raw))
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
     return path
-
-
-# The digest covers the table's values and metadata, not the bytes that hold them: of 1,946 bytes of a
-# small index.arrow, 775 could be flipped unnoticed (the schema message before the batches, padding,
-# flatbuffer fields pyarrow reads past). The file's own xxh3-128 is written into its metadata in place of
-# a placeholder of the same length (so no offset moves) and checked with the placeholder put back.
-_UNSEALED = "0" * 32
-
-
-def _token(value: str) -> bytes:
-    return f'"file_digest": "{value}"'.encode()
-
-
-def _seal(raw: bytes) -> bytes:
-    digest = xxhash.xxh3_128(raw).hexdigest()
-    return raw.replace(_token(_UNSEALED), _token(digest))
-
-
-def _check_seal(raw: bytes, meta: dict, path: str) -> None:
-    value = meta.get("file_digest")
-    if value is None:
-        return  # an index written before the seal: its digest still covers the values
-    if not (isinstance(value, str) and len(value) == 32 and all(c in "0123456789abcdef" for c in value)) \
-            or raw.count(_token(value)) != 2:
-        raise ShardError(path, f"index file_digest {value!r} is malformed (corrupt index)")
-    if xxhash.xxh3_128(raw.replace(_token(value), _token(_UNSEALED))).hexdigest() != value:
-        raise ShardError(path, "index fails its file checksum (bytes damaged on disk: corrupt index); restore "
-                               "it or rebuild it with `shardfeed convert`")
 
 
 def _int64s(col) -> np.ndarray:
@@ -264,7 +236,7 @@ def _read_index_file(path: str, root: str) -> tuple[dict, list]:
     if not ok:
         raise ShardError(path, "index fails its digest (corrupt index); restore it or rebuild it "
                                "with `shardfeed convert`")
-    _check_seal(raw, meta, path)
+    check_seal(raw, meta, path)
     try:
         fmt = tbl.column("format").combine_chunks()
         if pa.types.is_dictionary(fmt.type):
