@@ -148,3 +148,16 @@ def test_merge_reads_only_plain_names_inside_the_parts(tmp_path, capsys):
     os.symlink(str(tmp_path / "moved"), os.path.join(parts[0], good))  # a link to a file outside the part
     assert cli(["convert", "--merge", str(tmp_path / "out"), *parts]) == 2
     assert "symbolic link" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, name", [
+    (["warm", "--keep-days", "inf"], "--keep-days"),
+    (["train", "D", "--idle-timeout", "nan"], "--idle-timeout"),
+    (["train", "D", "--collective-timeout=-5"], "--collective-timeout"),
+    (["bench", "soak", "--minutes", "nan"], "--minutes"),
+    (["ingest", "a", "b", "--poll-s=-inf"], "--poll-s"),
+])
+def test_no_subcommand_takes_a_non_finite_or_negative_number(argv, name, capsys):
+    assert cli(argv) == 2
+    err = capsys.readouterr().err
+    assert "must be a finite number >= 0" in err and name in err
