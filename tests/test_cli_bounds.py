@@ -121,7 +121,8 @@ def dataset(tmp_path):
 ])
 def test_plan_bounds_every_numeric_argument(dataset, argv, name):
     code, out, took = _run("plan", dataset, *argv, timeout=60)
-    assert code == 2 and name in out and "Traceback" not in out and took < 20, out
+    # refused at once: the time is a fresh interpreter's start (slow on a loaded machine), not the plan's
+    assert code == 2 and name in out and "Traceback" not in out and took < 45, out
 
 
 def test_merge_reads_only_plain_names_inside_the_parts(tmp_path, capsys):
