@@ -11,6 +11,13 @@ saw the end (it is the highest entry, nothing is ever linked past it) or
 walks up through every number linked since, the end's included, and stops
 there. So no shard is ever committed after the end, and every follower sees
 the same stream, whatever the interleaving of writers.
+
+Readers hold the log to those rules rather than trust them: a hole (an
+entry missing below the highest) or a name committed twice is damage
+(ShardError naming the seqs), never a silently shorter or doubled stream.
+A writer refuses to commit a name the dataset already holds, or anything
+once an end exists at any seq (it reads every entry once, then only new
+ones: see _Scan).
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from shardfeed.formats.index import (
     ShardInfo,
     _read_index_file,
     check_shard_name,
+    check_unique_names,
 )
 
 _SEQ_RE = re.compile(r"^(\d{12})\.json$")
@@ -88,14 +96,41 @@ def _seqs(log: str) -> list[int]:
     return sorted(int(m.group(1)) for e in names if (m := _SEQ_RE.match(e)))
 
 
+def check_no_holes(seqs: list[int], after: int, where: str, base) -> list[int]:
+    """The listed ``seqs`` above ``after``, which must run on without a gap.
+    ``base()`` (called only on a gap at the start) is the last seq folded into
+    index.arrow: entries at or below it may be gone, the index holds them."""
+    seqs = [s for s in seqs if s > after]
+    if seqs and seqs[0] != after + 1:
+        after = max(after, base())
+        seqs = [s for s in seqs if s > after]
+    expect = after + 1
+    for s in seqs:
+        if s != expect:
+            raise ShardError(where, f"commit {expect} is missing from the log (the entries go on at {s}): the log "
+                                    "is damaged (a hole); its shards would be silently left out of the stream. "
+                                    "Restore the entry from a good copy")
+        expect += 1
+    return seqs
+
+
+def check_new_names(known: dict, shards, where: str) -> None:
+    """Add ``shards`` ((seq, info) pairs) to ``known`` (name -> seq); a name
+    already there is damage: the shard would be delivered twice."""
+    for seq, info in shards:
+        first = known.setdefault(info.name, seq)
+        if first != seq:
+            raise ShardError(where, f"shard {info.name} is committed twice (commits {first} and {seq}): the log is "
+                                    "damaged; its samples would be delivered twice. Remove the later entry")
+
+
 def read_commits(root: str, after: int = 0) -> LogView:
     """Commits with sequence number > ``after``. Anything committed after an
-    end (only a damaged or hand-edited log has that) is an error."""
+    end (only a damaged or hand-edited log has that), a hole or a name
+    committed twice among them is an error."""
     log = os.path.join(root, LOG_DIR)
     shards, end = [], None
-    for seq in _seqs(log):
-        if seq <= after:
-            continue
+    for seq in check_no_holes(_seqs(log), after, log, lambda: base_log_seq(root)):
         path = os.path.join(log, f"{seq:012d}.json")
         if end is not None:
             raise ShardError(path, f"commit {seq} comes after the end of the stream (commit {end}): "
@@ -105,6 +140,7 @@ def read_commits(root: str, after: int = 0) -> LogView:
             end = seq
         else:
             shards.append((seq, _shard(rec, path)))
+    check_new_names({}, shards, log)
     return LogView(shards, end)
 
 
@@ -127,7 +163,63 @@ def base_log_seq(root: str) -> int:
     return int(meta.get("log_seq", 0))
 
 
-def _commit(root: str, record: dict, what: str) -> int:
+class _Scan:
+    """What a writer knows of a log: every committed name and the end, read
+    once and then only the entries past the last one read (a writer that
+    commits a shard a minute pays for one entry a commit, not the log)."""
+
+    _by_log: dict = {}
+
+    def __init__(self):
+        self.upto, self.names, self.end, self.index_key, self.index_names = 0, {}, None, None, frozenset()
+
+    @classmethod
+    def of(cls, root: str, seqs: list[int]) -> _Scan:
+        log = os.path.realpath(os.path.join(root, LOG_DIR))
+        key = (log, os.stat(log).st_ino)  # a log deleted and made again at the same path is another log
+        scan = cls._by_log.setdefault(key, cls())
+        if seqs and seqs[-1] < scan.upto:  # the log was replaced under the writer: start over
+            scan = cls._by_log[key] = cls()
+        scan._index(root)
+        for seq in seqs:
+            if seq > scan.upto:
+                path = os.path.join(log, f"{seq:012d}.json")
+                try:
+                    rec = _parse(path)
+                except FileNotFoundError:
+                    continue
+                scan.note(seq, rec, path)
+        return scan
+
+    def note(self, seq: int, rec: dict, path: str) -> None:
+        if _is_end(rec):
+            self.end = seq if self.end is None else min(self.end, seq)
+        else:
+            self.names.setdefault(_shard(rec, path).name, seq)
+        self.upto = max(self.upto, seq)
+
+    def _index(self, root: str) -> None:
+        path = os.path.join(root, INDEX_NAME)
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            self.index_key, self.index_names = None, frozenset()
+            return
+        if self.index_key != (st.st_mtime_ns, st.st_size, st.st_ino):
+            _, cols = _read_index_file(path, root)
+            self.index_key, self.index_names = (st.st_mtime_ns, st.st_size, st.st_ino), frozenset(cols[0])
+
+    def refuse(self, root: str, what: str, name: str | None) -> None:
+        if self.end is not None:
+            raise ShardError(root, f"cannot commit {what}: the stream was ended by commit {self.end} "
+                                   "(end_stream); start a new dataset folder to publish more")
+        if name is not None and (name in self.names or name in self.index_names):
+            where = f"commit {self.names[name]}" if name in self.names else INDEX_NAME
+            raise ShardError(root, f"cannot commit {what}: it is already committed ({where}); a name is "
+                                   "committed at most once (a second commit would deliver its samples twice)")
+
+
+def _commit(root: str, record: dict, what: str, name: str | None = None) -> int:
     log = os.path.join(root, LOG_DIR)
     os.makedirs(log, exist_ok=True)
     tmp = os.path.join(log, f".tmp-{os.getpid()}-{os.urandom(6).hex()}")
@@ -137,23 +229,24 @@ def _commit(root: str, record: dict, what: str) -> int:
         os.fsync(f.fileno())
     try:
         seqs = _seqs(log)
-        if seqs:
-            top = os.path.join(log, f"{seqs[-1]:012d}.json")
-            if _is_end(_parse(top)):
-                raise ShardError(root, f"cannot commit {what}: the stream was ended by commit {seqs[-1]} "
-                                       "(end_stream); start a new dataset folder to publish more")
+        scan = _Scan.of(root, seqs)
+        scan.refuse(root, what, name)
         seq = seqs[-1] + 1 if seqs else base_log_seq(root) + 1
         while True:
             path = os.path.join(log, f"{seq:012d}.json")
             try:
                 os.link(tmp, path)
+                scan.note(seq, record, path)
                 return seq
             except FileExistsError:
-                # another writer took this number; if it ended the stream, stop here
-                if _is_end(_parse(path)):
-                    raise ShardError(root, f"cannot commit {what}: the stream was ended by commit {seq} "
+                # another writer took this number (a listing older than it, or a race): what it holds
+                # counts as if listed, so an end or this very name there stops this writer
+                scan.note(seq, _parse(path), path)
+                if scan.end is not None:
+                    raise ShardError(root, f"cannot commit {what}: the stream was ended by commit {scan.end} "
                                            "(end_stream) while this writer was publishing; start a new "
                                            "dataset folder to publish more") from None
+                scan.refuse(root, what, name)
                 seq += 1
     finally:
         os.unlink(tmp)
@@ -163,7 +256,7 @@ def publish(root: str, info: ShardInfo) -> int:
     """Commit one completely written shard to a live dataset; returns its sequence number.
     ShardError once the stream has ended."""
     check_shard_name(info.name, root)
-    return _commit(root, dict(info.__dict__), f"shard {info.name}")
+    return _commit(root, dict(info.__dict__), f"shard {info.name}", info.name)
 
 
 def end_stream(root: str) -> int:
@@ -190,6 +283,8 @@ def open_stream_index(root: str) -> tuple[DatasetIndex, LogView]:
                                "create it with ShardWriter(root, append=True)")
     view = read_commits(root, after=log_seq)
     entries = view.shards
+    check_unique_names(list(names) + [e.name for _, e in entries], root)
+    check_new_names({}, entries, root)
     if entries:
         names = list(names) + [e.name for _, e in entries]
         formats = list(formats) + [e.format for _, e in entries]

@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from shardfeed.formats.errors import ShardError
+from shardfeed.formats.index_seal import UNSEALED, check_seal, seal
 from shardfeed.formats.sidecar import decode_dictionary, fixed_width_values, table_digest
 from shardfeed.formats.sources import ShardPath, expand_source, is_pattern
 
@@ -182,15 +183,22 @@ def write_index(root: str, shards: Iterable[ShardInfo], fields: Sequence[str] = 
     })
     meta = {"version": INDEX_VERSION, "hash": HASH_ALGO, "fields": list(fields), "log_seq": log_seq}
     for k, v in (extra or {}).items():
-        if k in meta or k == "digest":
+        if k in meta or k in ("digest", "file_digest"):
             raise ValueError(f"write_index extra key {k!r} is one the index uses itself; pick another name")
         meta[k] = v
     meta["digest"] = table_digest(tbl, meta)
+    meta["file_digest"] = UNSEALED
     tbl = tbl.replace_schema_metadata({b"shardfeed.index": json.dumps(meta).encode()})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, tbl.schema) as w:
+        w.write_table(tbl)
+    raw = sink.getvalue().to_pybytes()
     path = os.path.join(root, INDEX_NAME)
     tmp = f"{path}.tmp-{os.getpid()}"
-    with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, tbl.schema) as w:
-        w.write_table(tbl)
+    with open(tmp, "wb") as f:
+        f.write(seal(raw))
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
     return path
 
@@ -202,12 +210,15 @@ def _int64s(col) -> np.ndarray:
 
 
 def _read_index_file(path: str, root: str) -> tuple[dict, list]:
-    from shardfeed.formats.sidecar import read_arrow_file
+    from shardfeed.formats.files import open_regular
+    from shardfeed.formats.sidecar import read_arrow_bytes
 
     try:
-        tbl = read_arrow_file(path, path, "index")
+        with open_regular(path, what="index") as f:  # one read: the bytes parsed are the bytes checksummed
+            raw = f.read()
     except FileNotFoundError as e:
         raise ShardError(path, "index vanished while opening it") from e
+    tbl = read_arrow_bytes(raw, path, "index", INDEX_NAME)
     try:
         meta = json.loads((tbl.schema.metadata or {})[b"shardfeed.index"])
         if not isinstance(meta, dict):
@@ -225,6 +236,7 @@ def _read_index_file(path: str, root: str) -> tuple[dict, list]:
     if not ok:
         raise ShardError(path, "index fails its digest (corrupt index); restore it or rebuild it "
                                "with `shardfeed convert`")
+    check_seal(raw, meta, path)
     try:
         fmt = tbl.column("format").combine_chunks()
         if pa.types.is_dictionary(fmt.type):
@@ -260,6 +272,16 @@ def publish(root: str, info: ShardInfo) -> int:
     from shardfeed.formats import commit_log
 
     return commit_log.publish(root, info)
+
+
+def check_unique_names(names, where: str) -> None:
+    """A growing dataset commits a name at most once: a second row of one name
+    (index.arrow and the log, or the log twice) would deliver its samples twice."""
+    if len(set(names)) != len(names):
+        seen: set = set()
+        twice = next(n for n in names if n in seen or seen.add(n))
+        raise ShardError(where, f"shard {twice} is committed twice (in {INDEX_NAME} and the log, or twice in "
+                                "the log): the log is damaged; its samples would be delivered twice")
 
 
 ON_ERROR = ("raise", "skip")
@@ -304,6 +326,8 @@ def open_index(source, follow_log: bool = True, on_error: str = "raise") -> Data
                 raise ShardError(root, f"no {INDEX_NAME}, no commit log and no tar shards here")
             return _scan_foreign(root, shards, on_error)
     entries = read_log(root, after=log_seq) if follow_log else []
+    if os.path.isdir(os.path.join(root, LOG_DIR)):
+        check_unique_names(list(names) + [e.name for _, e in entries], root)
     if entries:
         names = list(names) + [e.name for _, e in entries]
         formats = list(formats) + [e.format for _, e in entries]

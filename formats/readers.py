@@ -182,10 +182,14 @@ class TarShardReader:
     """Random access to one tar shard through its sample table."""
 
     def __init__(self, path: str, fmt: str = "tar", table: SampleTable | None = None,
-                 expected_bytes: int | None = None, verify: bool = True, require_sidecar: bool = False):
+                 expected_bytes: int | None = None, verify: bool = True, require_sidecar: bool = False,
+                 expected_hash: str | None = None):
         """``require_sidecar``: the shard belongs to an indexed dataset, so its
         sidecar must be there (ShardError if not); otherwise a tar without one
-        is foreign and scanned once."""
+        is foreign and scanned once. ``expected_hash``: the index's (or the
+        commit's) content hash, checked against the one the sidecar records,
+        so a shard replaced whole (another valid shard, its own sidecar beside
+        it, even of the same size) is refused without hashing the file."""
         self.path = path
         self.verify = verify
         self.budget_bytes = 0
@@ -221,6 +225,11 @@ class TarShardReader:
                     if meta["shard_bytes"] != on_disk:
                         raise ShardError(path, f"sidecar describes a shard of {meta['shard_bytes']} bytes but "
                                                f"the shard has {on_disk} (stale sidecar or replaced shard)")
+                    recorded = meta.get("shard_hash")
+                    if expected_hash is not None and recorded is not None and recorded != expected_hash:
+                        raise ShardError(path, f"sidecar was written for another version of the shard (hash "
+                                               f"{recorded!r}, the index says {expected_hash!r}): the shard was "
+                                               "replaced after it was committed")
             table.validate(path, len(self.data))
         except BaseException:
             if isinstance(self.data, mmap.mmap):
@@ -278,6 +287,11 @@ class TarShardReader:
                 self.data.close()
             except BufferError:
                 pass
+        else:
+            # a compressed shard's decompressed bytes: the budget no longer counts them, so the reader
+            # must not keep them either (a closed reader still referenced, by a table of shards or a
+            # traceback, held its whole shard: memory grew with every compressed shard opened)
+            self.data = b""
 
     def __enter__(self):
         return self
@@ -288,6 +302,7 @@ class TarShardReader:
 
 _FOOTER_ERRORS = (pa.ArrowException, OSError, ValueError, KeyError, TypeError, IndexError, OverflowError,
                   AttributeError, UnicodeDecodeError)
+FOOTER_ERRORS = _FOOTER_ERRORS  # what a damaged Parquet/Arrow footer makes pyarrow raise, for other readers
 
 
 class ColumnarShardReader:
@@ -419,7 +434,7 @@ def open_shard(index, i: int, path: str | None = None, verify: bool = True):
         return ColumnarShardReader(path, info.format, expected_bytes=info.bytes, verify=verify)
     table = index.tables.get(i)
     reader = TarShardReader(path, info.format, table=table, expected_bytes=info.bytes, verify=verify,
-                            require_sidecar=table is None)
+                            require_sidecar=table is None, expected_hash=info.hash)
     if len(reader) != info.samples:
         reader.close()
         raise ShardError(path, f"shard holds {len(reader)} samples but the index says {info.samples}")

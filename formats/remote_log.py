@@ -24,7 +24,7 @@ import re
 import shutil
 import tempfile
 
-from shardfeed.formats.commit_log import END, LogView, _shard
+from shardfeed.formats.commit_log import END, LogView, _shard, check_new_names, check_no_holes
 from shardfeed.formats.errors import ShardError
 from shardfeed.formats.index import INDEX_NAME, LOG_DIR, ShardInfo, check_shard_name
 from shardfeed.formats.sidecar import SIDECAR_SUFFIX
@@ -92,9 +92,7 @@ class RemoteLog:
 
     def read_commits(self, after: int = 0) -> LogView:
         shards, end = [], None
-        for seq in self.seqs():
-            if seq <= after:
-                continue
+        for seq in check_no_holes(self.seqs(), after, f"{self.url}/{LOG_DIR}", self.base_seq):
             where = f"{self.url}/{LOG_DIR}/{seq:012d}.json"
             if end is not None:
                 raise ShardError(where, f"commit {seq} comes after the end of the stream (commit {end}): "
@@ -104,6 +102,7 @@ class RemoteLog:
                 end = seq
             else:
                 shards.append((seq, _shard(rec, where)))
+        check_new_names({}, shards, f"{self.url}/{LOG_DIR}")
         return LogView(shards, end)
 
     def try_commit(self, seq: int, record: dict) -> bool:
@@ -120,13 +119,33 @@ class RemoteLog:
             raise ShardError(self.url, f"cannot commit {what}: the stream was ended by commit {seqs[-1]} "
                                        "(end_stream); start a new dataset prefix to publish more")
         seq = seqs[-1] + 1 if seqs else self.base_seq() + 1
-        while not self.try_commit(seq, record):
+        while not self._put(seq, record):
+            held = self.read_entry(seq)
+            if held == record:
+                # our own put landed and its response was lost (s3fs retried it, or we did): the entry
+                # at seq is this commit; walking on would commit the same shard again at seq + 1
+                return seq
             # another writer took this number; if it ended the stream, stop here
-            if self.read_entry(seq).get("kind") == END:
+            if held.get("kind") == END:
                 raise ShardError(self.url, f"cannot commit {what}: the stream was ended by commit {seq} "
                                            "(end_stream) while this writer was publishing")
             seq += 1
         return seq
+
+    def _put(self, seq: int, record: dict, attempts: int = 4) -> bool:
+        """try_commit, retried at the same seq when the outcome is unknown (a
+        reset or timeout after the request was sent): the retry's 412 is then
+        told apart by reading the entry back (commit())."""
+        for attempt in range(attempts):
+            try:
+                return self.try_commit(seq, record)
+            except FileExistsError:
+                return False
+            except (ConnectionError, TimeoutError, OSError) as e:
+                if attempt == attempts - 1:
+                    raise ShardError(f"{self.url}/{LOG_DIR}/{seq:012d}.json",
+                                     f"commit failed after {attempts} attempts: {e!r}") from e
+        return False
 
     def publish(self, info: ShardInfo) -> int:
         check_shard_name(info.name, self.url)

@@ -42,7 +42,8 @@ def table_digest(tbl: pa.Table, meta: dict) -> str:
     string column as normalised offsets plus the bytes they span.
     """
     h = xxhash.xxh3_64()
-    h.update(json.dumps({k: v for k, v in meta.items() if k != "digest"}, sort_keys=True).encode())
+    h.update(json.dumps({k: v for k, v in meta.items() if k not in ("digest", "file_digest")},
+                        sort_keys=True).encode())
     for col in tbl.columns:
         arr = col.combine_chunks()
         if pa.types.is_dictionary(arr.type):
@@ -285,6 +286,17 @@ def read_arrow_file(path: str, shard: str, what: str) -> pa.Table:
         raise
     except (pa.ArrowException, OSError, ValueError) as e:
         raise ShardError(shard, f"{what} {os.path.basename(path)} is unreadable: {e}") from e
+
+
+def read_arrow_bytes(raw: bytes, shard: str, what: str, name: str) -> pa.Table:
+    """``read_arrow_file`` for a file already read into memory (so a caller can
+    also checksum exactly the bytes that were parsed)."""
+    try:
+        tbl = pa.ipc.open_file(pa.py_buffer(raw)).read_all()
+        tbl.validate(full=True)
+        return tbl
+    except (pa.ArrowException, OSError, ValueError, TypeError, KeyError, IndexError, OverflowError) as e:
+        raise ShardError(shard, f"{what} {name} is unreadable: {type(e).__name__}: {e}") from e
 
 
 def read_sidecar(path: str, shard: str) -> tuple[SampleTable, dict]:

@@ -28,3 +28,30 @@ def test_soak_survives_each_kind_of_fault_and_loses_nothing(tmp_path, capsys):
     assert res["writers"] >= 2 and res["job_restarts"] >= 2
     assert "nothing missed" in out
 
+
+
+def test_soak_with_a_full_disk_loses_nothing_and_publishes_no_partial_shard(tmp_path, capsys):
+    """The dataset on its own small tmpfs, filled to its last 16 KiB on the schedule: the
+    writer meets ENOSPC and dies, a new one continues once there is room."""
+    import os
+    import subprocess
+
+    import pytest
+
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(probe)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    subprocess.run(["umount", str(probe)], check=True)
+    parser = argparse.ArgumentParser(prog="shardfeed bench")
+    bench.add_arguments(parser)
+    args = parser.parse_args(["soak", "--minutes", "0.3", "--fault-every-s", "3", "--every", "5", "--disk-faults",
+                              "--out", str(tmp_path)])
+    code = bench.main(args)
+    out = capsys.readouterr().out
+    res = json.loads((tmp_path / "bench_soak.json").read_text())
+    assert code == 0, out
+    assert res["faults"]["disk"] >= 1 and res["survived"] == res["faults"], res["faults"]
+    assert res["lost"] == 0 and res["unique"] == res["published"] and res["partial_shards_published"] == 0
+    assert res["disk"]["data_tmpfs"] and res["memory_disk"]["samples"] >= 2

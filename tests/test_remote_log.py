@@ -111,3 +111,53 @@ def test_appenders_on_s3_and_a_reader_through_the_cache(s3, tmp_path):
 def test_a_store_without_conditional_put_is_refused():
     with pytest.raises(ShardError, match="no atomic create-if-absent"):
         RemoteLog("https://example.invalid/ds")
+
+
+def test_a_writer_with_a_stale_listing_does_not_commit_after_the_end(s3, monkeypatch):
+    log = RemoteLog("s3://live/stale", s3_options(s3))
+    assert log.publish(_info("a.tar")) == 1
+    stale = log.seqs()
+    assert RemoteLog("s3://live/stale", s3_options(s3)).end_stream() == 2
+    monkeypatch.setattr(log, "seqs", lambda: list(stale))
+    with pytest.raises(ShardError, match="ended by commit 2"):
+        log.publish(_info("b.tar"))
+    monkeypatch.undo()
+    view = log.read_commits()
+    assert [i.name for _, i in view.shards] == ["a.tar"] and view.end == 2 and log.seqs() == [1, 2]
+
+
+def test_a_lost_response_to_a_conditional_put_commits_once(s3, monkeypatch):
+    """The put lands but its response is lost; the retry gets 412 (what
+    s3fs's own retry of a conditional put sees). The entry at that seq is the
+    writer's own: it must not commit the shard again at seq + 1."""
+    log = RemoteLog("s3://live/lost", s3_options(s3))
+    assert log.publish(_info("a.tar")) == 1
+    real = log.fs.pipe_file
+    calls = []
+
+    def put_then_lose_response(path, value, **kw):
+        calls.append(path)
+        if len(calls) == 1:
+            real(path, value, **kw)
+            raise ConnectionResetError("connection reset after the request was sent")
+        return real(path, value, **kw)
+
+    monkeypatch.setattr(log.fs, "pipe_file", put_then_lose_response)
+    assert log.publish(_info("b.tar")) == 2
+    monkeypatch.undo()
+    view = log.read_commits()
+    assert [(s, i.name) for s, i in view.shards] == [(1, "a.tar"), (2, "b.tar")] and view.end is None
+
+
+def test_a_412_at_seq_for_our_own_entry_is_ours(s3, monkeypatch):
+    log = RemoteLog("s3://live/own412", s3_options(s3))
+    real = log.fs.pipe_file
+
+    def put_then_412(path, value, **kw):
+        real(path, value, **kw)
+        raise FileExistsError(path)  # s3fs retried the put that landed
+
+    monkeypatch.setattr(log.fs, "pipe_file", put_then_412)
+    assert log.publish(_info("a.tar")) == 1
+    monkeypatch.undo()
+    assert log.seqs() == [1]

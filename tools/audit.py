@@ -15,7 +15,10 @@ of a run and of its resumed run differ in the stream's size; they merge.
 
 Exit status: 0 when every guarantee holds, 1 when one is broken (a sample
 missed in a finished epoch, or repeats beyond the padding), 2 for unusable
-input.
+input: a record that is not one, is damaged (each field is checked before
+use, naming the file and the field), claims more samples than
+--max-samples, or disagrees with the others on the job (dataset, kind, an
+epoch's expected counts).
 """
 
 from __future__ import annotations
@@ -25,12 +28,16 @@ import argparse
 import numpy as np
 
 from shardfeed.loader import audit as _audit
+from shardfeed.loader import audit_records as _records
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__.strip()
     parser.add_argument("records", nargs="+", help="audit record files (JSON from shardfeed.loader.audit.save)")
     parser.add_argument("--examples", type=int, default=5, help="sample ids shown per problem (default: %(default)s)")
+    parser.add_argument("--max-samples", type=int, default=_records.MAX_SAMPLES,
+                        help="most samples a record may claim per source (its bitmap takes samples/8 bytes of "
+                             "memory, twice; default: %(default)s)")
 
 
 def merge(states: list[dict], names: list[str]) -> list[dict]:
@@ -59,7 +66,7 @@ def merge(states: list[dict], names: list[str]) -> list[dict]:
             for r, nm, srcs in recs:
                 s = r["sources"][i]
                 own = srcs[i]["samples"]
-                bits = _audit.decode(s["bits"], own, f"{nm}: epoch {e} source {i}")
+                bits = _records.decode(s["bits"], own, f"{nm}: epoch {e} source {i}")
                 if own < n:
                     bits = np.concatenate([bits, np.zeros((n + 7) // 8 - bits.size, np.uint8)])
                 overlap = bits & union
@@ -97,8 +104,16 @@ def judge(rows: list[dict]) -> list[str]:
 
 
 def main(args: argparse.Namespace) -> int:
+    max_samples = getattr(args, "max_samples", _records.MAX_SAMPLES)  # a caller's Namespace may lack it
+    if not 0 < max_samples <= 1 << 40:
+        print(f"shardfeed audit: error: --max-samples {max_samples} is outside [1, {1 << 40}]")
+        return 2
+    if not 0 <= args.examples <= 20:
+        print(f"shardfeed audit: error: --examples {args.examples} is outside [0, 20]")
+        return 2
     try:
-        states = [_audit.load(p) for p in args.records]
+        states = [_records.load(p, max_samples) for p in args.records]
+        _records.check_agree(states, list(args.records))
         rows = merge(states, list(args.records))
     except ValueError as e:
         print(f"shardfeed audit: {e}")

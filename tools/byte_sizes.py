@@ -19,7 +19,10 @@ def parse_size(text: str) -> int:
     if m is None or unit not in _UNITS:
         raise ValueError(f"size {text!r} is not a number with an optional unit "
                          "(B, KB, MB, GB, TB = powers of 1000; KiB, MiB, GiB, TiB or K, M, G, T = powers of 1024)")
-    value = int(float(m.group(1)) * _UNITS[unit])
+    value = float(m.group(1)) * _UNITS[unit]
+    if not value < 2**62:  # inf, nan and sizes no disk holds (an int64 of bytes must still add up)
+        raise ValueError(f"size {text!r} is larger than {2**62} bytes")
+    value = int(value)
     if value <= 0:
         raise ValueError(f"size {text!r} must be positive")
     return value

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import sys
 
 from shardfeed.tools.text import HelpFormatter
@@ -46,8 +47,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def bad_number(args: argparse.Namespace) -> str | None:
+    """Every float option of every subcommand is a duration, rate, size or fraction: a
+    non-finite or negative one (``--idle-exit-s nan`` waited forever) is refused up front."""
+    for dest, value in vars(args).items():
+        if isinstance(value, float) and not (math.isfinite(value) and value >= 0):
+            return f"--{dest.replace('_', '-')} {value!r} must be a finite number >= 0"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    err = bad_number(args)
+    if err:
+        print(f"shardfeed {args.command}: error: {err}", file=sys.stderr)
+        return 2
     return int(importlib.import_module(args._module).main(args) or 0)
 
 

@@ -54,6 +54,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _check(args) -> dict:
+    from shardfeed.tools import arg_bounds as B
+
+    err = B.first(B.overlap(args.src, args.dst), B.duration("--poll-s", args.poll_s, above=True, hi=B.DAY_S),
+                  B.duration("--idle-exit-s", args.idle_exit_s))
+    if err:
+        raise ValueError(err)
     try:
         max_bytes = parse_size(args.max_shard_bytes)
     except ValueError as e:

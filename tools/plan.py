@@ -38,7 +38,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
+# argument bounds: past these the simulation would run for hours or overflow int64 sizes
+BOUNDS = {"cache_limit": (1, 1 << 60), "world_size": (1, 1 << 16), "batch_size": (1, 1 << 24),
+          "epochs": (1, 100), "seed": (0, (1 << 63) - 1), "node": (0, 1 << 16)}
+
+
 def _check(args) -> str | None:
+    from shardfeed.tools.arg_bounds import count
+
+    for name, (lo, hi) in BOUNDS.items():
+        err = count("--" + name.replace("_", "-"), getattr(args, name), lo, hi)
+        if err:
+            return err
+    if args.ranks_per_node is not None and (err := count("--ranks-per-node", args.ranks_per_node, 1, 1 << 16)):
+        return err
     if args.world_size < 1:
         return f"--world-size {args.world_size} must be >= 1"
     rpn = args.ranks_per_node or args.world_size

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from shardfeed.formats.commit_log import INDEX_NAME, LOG_DIR, open_stream_index, read_commits
+from shardfeed.formats.commit_log import INDEX_NAME, LOG_DIR, check_new_names, open_stream_index, read_commits
 from shardfeed.formats.errors import ShardError
 from shardfeed.loader.state import stream_identity
 from shardfeed.loader.state_checks import out_of_range
@@ -43,6 +43,7 @@ class StreamLog:
         self.first: tuple[str, str] | None = None  # (name, hash) of the first published shard
         self._identity: str | None = None
         self.exists = False
+        self.known: dict[str, int] = {}
         self.last_change = time.monotonic()
         self._open()
 
@@ -67,6 +68,7 @@ class StreamLog:
         growing = os.path.isdir(os.path.join(self.root, LOG_DIR))
         self.end = view.end if growing else int(index.meta["folded_seq"])
         self.seen = int(index.meta.get("seen_seq", 0))
+        self.known = dict(zip(self.names, self.seqs))  # a name committed again later is damage
         self.last_change = time.monotonic()
         return True
 
@@ -90,6 +92,7 @@ class StreamLog:
         view = read_commits(self.root, after=self.seen)
         if not view.shards and view.end is None:
             return False
+        check_new_names(self.known, view.shards, self.root)
         if view.shards and self.first is None:
             self.first = (view.shards[0][1].name, view.shards[0][1].hash)
         for seq, info in view.shards:

@@ -13,6 +13,13 @@ complete checkpoint, so the steps after that checkpoint are delivered again
 cover exactly what each checkpoint consumed). At the end the writer ends the
 stream, the job drains it, and ``shardfeed audit`` judges the merged records
 of the checkpoint chain: every published sample delivered exactly once.
+
+``--disk-faults``: the dataset lives on a small tmpfs of its own (when it
+can be mounted, as root) and the schedule adds, in turn with the kills, a
+full disk: the file system filled to its last 16 KiB for a while, so the
+writer meets ENOSPC (it dies; a new writer continues once there is room,
+and no partial shard may be published). Memory (RSS of every rank and
+worker) and disk (the dataset) are sampled every 5 s in any run.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import os
 import random
 import signal
 import socket
+import subprocess
 import tempfile
 import time
 
@@ -32,6 +40,7 @@ from shardfeed.tools.text import plural
 
 KINDS = ("worker", "writer", "rank")
 WORLD = 2
+DATA_FS_BYTES = 256 << 20
 
 
 def add_arguments(p) -> None:
@@ -47,6 +56,8 @@ def add_arguments(p) -> None:
     p.add_argument("--drain-timeout-s", type=float, default=300.0,
                    help="after ingest stops, how long the job may take to drain (default: %(default)s)")
     p.add_argument("--quick", action="store_true", help="a 0.5-minute run")
+    p.add_argument("--disk-faults", action="store_true",
+                   help="keep the dataset on a small tmpfs and add a full disk (ENOSPC) to the schedule")
 
 
 def _free_port() -> int:
@@ -92,11 +103,36 @@ class _Run:
             os.makedirs(d)
         from shardfeed.formats.commit_log import LOG_DIR
 
+        self.kinds, self.mounted, self.filler, self.samples, self.enospc_writers = KINDS, False, None, [], 0
+        if getattr(args, "disk_faults", False):
+            os.makedirs(self.root)
+            self.mounted = _mount_tmpfs(self.root, DATA_FS_BYTES)
+            if not self.mounted:  # never fill a disk other processes share
+                raise RuntimeError("bench soak --disk-faults: could not mount a tmpfs for the dataset (needs "
+                                   "root); run without --disk-faults")
+            self.kinds = KINDS + ("disk",)
         os.makedirs(os.path.join(self.root, LOG_DIR))
         self.stop_file = os.path.join(self.run, "STOP")
         self.gen, self.job, self.writer, self.ranks = -1, -1, None, []
         self.faults: list[dict] = []
         self.restarts = 0
+
+    def close(self) -> None:
+        if self.mounted:
+            subprocess.run(["umount", "-l", self.root], check=False)
+
+    def sample(self) -> None:
+        """RSS of the ranks and their workers, disk of the dataset."""
+        pids = [p.pid for p in self.ranks if p.exitcode is None]
+        pids += [k for p in pids for k in _children(p)]
+        rss = 0
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/statm") as f:
+                    rss += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            except (OSError, ValueError, IndexError):
+                pass
+        self.samples.append({"t": time.time(), "rss": rss, "procs": len(pids), "data_bytes": _du(self.root)})
 
     def start_writer(self) -> None:
         self.gen += 1
@@ -136,6 +172,8 @@ class _Run:
     def inject(self, kind: str) -> bool:
         """SIGKILL one victim of ``kind``; False when there is none yet (a job still starting)."""
         rank = random.randrange(WORLD)
+        if kind == "disk":
+            return self._fill_disk()
         if kind == "worker":
             kids = _children(self.ranks[rank].pid) if self.ranks[rank].exitcode is None else []
             if not kids:
@@ -153,6 +191,63 @@ class _Run:
         return True
 
 
+    def _fill_disk(self) -> bool:
+        """Fill the dataset's file system to its last 16 KiB for a while (a neighbour filling the disk)."""
+        span = max(2.0, min(10.0, self.args.fault_every_s_eff / 2))
+        st = os.statvfs(self.root)
+        free = st.f_bavail * st.f_frsize
+        if free <= 16 << 10 or self.filler is not None:
+            return False
+        path = os.path.join(self.root, ".soak-filler")  # a dot-name: no reader takes it for a shard
+        with open(path, "wb") as f:
+            try:
+                left = free - (16 << 10)
+                while left > 0:
+                    left -= f.write(bytes(min(left, 1 << 20)))
+                f.flush()
+            except OSError:
+                pass
+        self.filler = (path, time.monotonic() + span)
+        self.faults.append({"kind": "disk", "time": time.time(), "job": self.job, "writer": self.gen, "rank": None})
+        return True
+
+    def writer_died(self) -> bool:
+        """A writer that met the full disk died: start another once there is room (True), else False."""
+        if self.filler is None and not any(f["kind"] == "disk" and time.time() - f["time"] < 60
+                                           for f in self.faults[-2:]):
+            return False
+        if self.filler is not None:
+            return True  # wait for room before starting one
+        self.enospc_writers += 1
+        self.start_writer()
+        return True
+
+    def clear_disk(self, force: bool = False) -> None:
+        if self.filler is not None and (force or time.monotonic() >= self.filler[1]):
+            os.unlink(self.filler[0])
+            self.filler = None
+
+
+def _mount_tmpfs(path: str, size: int) -> bool:
+    """A small file system for the dataset, so a full disk is a real ENOSPC (root only; else a folder)."""
+    try:
+        return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path],
+                              capture_output=True, timeout=20).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def _du(path: str) -> int:
+    total = 0
+    for dirpath, _, files in os.walk(path):
+        for n in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, n)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
 def _rank_entry(rank, world, port, cfg) -> None:
     try:
         rank_main(rank, world, port, cfg)
@@ -167,20 +262,27 @@ def _drive(r: _Run, args, minutes: float, every_s: float) -> None:
     r.start_job()
     t_end = time.monotonic() + minutes * 60
     next_fault, k = time.monotonic() + every_s, 0
+    next_sample = 0.0
     while time.monotonic() < t_end:
-        if r.writer.exitcode is not None:
+        if time.monotonic() >= next_sample:
+            r.sample()
+            next_sample = time.monotonic() + 5
+        r.clear_disk()
+        if r.writer.exitcode is not None and not r.writer_died():
             raise RuntimeError(f"bench soak: the writer (generation {r.gen}) exited with {r.writer.exitcode} "
                                "without being killed; see its traceback above")
         if r.check_job() is True:
             raise RuntimeError(f"bench soak: the job ended before the stream did (job {r.job}); "
                                f"see {r.run}")
-        if time.monotonic() >= next_fault and r.inject(KINDS[k % len(KINDS)]):
+        if time.monotonic() >= next_fault and r.inject(r.kinds[k % len(r.kinds)]):
             f = r.faults[-1]
-            print(f"soak: {time.monotonic() - t_end + minutes * 60:7.1f} s  killed {f['kind']}"
+            what = "filled the dataset's disk" if f["kind"] == "disk" else f"killed {f['kind']}"
+            print(f"soak: {time.monotonic() - t_end + minutes * 60:7.1f} s  {what}"
                   + (f" of rank {f['rank']}" if f["rank"] is not None else "") + f" (job {f['job']})", flush=True)
             k += 1
             next_fault = time.monotonic() + every_s
         time.sleep(0.05)
+    r.clear_disk(force=True)
     with open(r.stop_file, "w"):
         pass
     r.writer.join(120)
@@ -190,6 +292,10 @@ def _drive(r: _Run, args, minutes: float, every_s: float) -> None:
     while (done := r.check_job()) is not True:
         if time.monotonic() > deadline:
             r.stop_job()
+            for n in sorted(os.listdir(r.run)):
+                if n.startswith("error-"):
+                    with open(os.path.join(r.run, n)) as f:
+                        print(f"soak: {n}: {f.read()[:400]}", flush=True)
             raise RuntimeError(f"bench soak: the job did not drain the stream in {args.drain_timeout_s:g} s "
                                f"(--drain-timeout-s); records in {r.run}")
         time.sleep(0.1 if done is None else 0)
@@ -243,7 +349,7 @@ def _report(r: _Run, args, minutes: float) -> dict:
             with open(p) as f:
                 dones.append(json.load(f)["time"])
     commits = [os.path.getmtime(os.path.join(r.root, n)) for n in os.listdir(r.root) if n.startswith("w")]
-    survived = {k: 0 for k in KINDS}
+    survived = {k: 0 for k in r.kinds}
     ok = rc == 0 and unique == published and not short
     for f in r.faults:
         later = commits if f["kind"] == "writer" else dones
@@ -253,9 +359,19 @@ def _report(r: _Run, args, minutes: float) -> dict:
            "workers": args.workers, "every": args.every, "published": published, "shards": len(counts),
            "partial_shards_published": len(short), "delivered_in_records": delivered,
            "unique": unique, "lost": published - unique, "replayed": _delivered_total(r.run) - delivered,
-           "faults": {k: sum(f["kind"] == k for f in r.faults) for k in KINDS}, "survived": survived,
+           "faults": {k: sum(f["kind"] == k for f in r.faults) for k in r.kinds}, "survived": survived,
            "job_restarts": r.restarts, "writers": r.gen + 1, "worker_errors": worker_errors,
            "checkpoints_in_chain": len(chain), "audit_exit": rc, "errors": errors}
+    out["disk"] = {"data_tmpfs": r.mounted, "data_fs_bytes": DATA_FS_BYTES if r.mounted else None,
+                   "writers_restarted_after_enospc": r.enospc_writers}
+    if r.samples:
+        rss, data = ([x[k] for x in r.samples] for k in ("rss", "data_bytes"))
+        third = max(1, len(rss) // 3)
+        out["memory_disk"] = {
+            "samples": len(rss), "peak_rss": max(rss), "rss_first_third_mean": sum(rss[:third]) / third,
+            "rss_last_third_mean": sum(rss[-third:]) / third, "peak_data_bytes": max(data),
+            "data_bytes_end": data[-1],
+            "series": [{k: x[k] for k in ("t", "rss", "procs", "data_bytes")} for x in r.samples]}
     return out
 
 
@@ -264,22 +380,30 @@ def main(args) -> int:
 
     minutes = 0.5 if args.quick else args.minutes
     every_s = args.fault_every_s or min(30.0, minutes * 60 / 4)
-    if not minutes > 0 or not every_s > 0:
-        raise ValueError(f"--minutes {minutes} and --fault-every-s {every_s} must be > 0")
+    from shardfeed.tools.arg_bounds import duration
+
+    err = duration("--minutes", minutes, above=True, hi=7 * 24 * 60) or duration(
+        "--fault-every-s", every_s, above=True, hi=86400.0)
+    if err:
+        raise ValueError(err)
+    args.fault_every_s_eff = every_s
     with tempfile.TemporaryDirectory(prefix="bench-soak-") as tmp:
         r = _Run(args, tmp)
         try:
-            _drive(r, args, minutes, every_s)
+            try:
+                _drive(r, args, minutes, every_s)
+            finally:
+                r.stop_job()
+                if r.writer is not None:
+                    _killpg(r.writer)
+            res = _report(r, args, minutes)
         finally:
-            r.stop_job()
-            if r.writer is not None:
-                _killpg(r.writer)
-        res = _report(r, args, minutes)
+            r.close()
     f, s = res["faults"], res["survived"]
     print(f"bench soak: {minutes:g} min, {plural(res['published'], 'sample')} published, "
           f"{res['unique']:,} delivered once ({res['replayed']:,} replayed after restarts), lost {res['lost']}, "
           f"partial shards published {res['partial_shards_published']}; "
-          f"faults injected/survived: " + ", ".join(f"{k} {f[k]}/{s[k]}" for k in KINDS)
+          f"faults injected/survived: " + ", ".join(f"{k} {f[k]}/{s[k]}" for k in r.kinds if k in f)
           + f"; {plural(res['job_restarts'], 'job restart')}, {plural(res['writers'], 'writer')}")
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "bench_soak.json")

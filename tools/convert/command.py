@@ -64,7 +64,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compression", metavar="CODEC",
                    help="tar: zstd (.tar.zst); parquet: " + ", ".join(_PARQUET_CODECS) + "; arrow: none")
     p.add_argument("--processes", type=int, default=1, metavar="N",
-                   help="write N parts in parallel processes (same samples, order and shard names as 1)")
+                   help="write N parts in parallel processes (same samples and order as 1; the same shards "
+                        "too with --max-shard-samples, while a byte limit alone cuts each part's last shard "
+                        "short, so N processes may write up to N-1 more shards)")
     p.add_argument("--shuffle-seed", type=int, metavar="SEED",
                    help="write samples in a random order fixed by SEED (fixes class-ordered inputs); "
                         "O(1) memory, kept in the index")
@@ -197,7 +199,12 @@ def main(args) -> int:
         print(f"shardfeed convert: error: unexpected arguments {args.more_parts}; convert takes SRC DST "
               "(several part folders go with --merge)", file=sys.stderr)
         return 2
+    from shardfeed.tools.arg_bounds import overlap
+
     try:
+        err = overlap(args.src, args.dst)
+        if err:
+            raise ValueError(err)
         opts = _options(args)
         specs = parse_field_specs(args.field)
         if args.image_field:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import time
 from dataclasses import dataclass, field
 
@@ -66,12 +67,30 @@ def _read_part(folder: str) -> dict:
             rec = json.load(f)
         rec["shards"] = [ShardInfo(**s) for s in rec["shards"]]
         int(rec["part"]), int(rec["of"]), str(rec["key"])
+        for info in rec["shards"]:
+            _check_part_name(info.name)
     except (FileNotFoundError, NotADirectoryError):
         raise ShardError(folder, f"is not a convert part (no {PART_FILE}); write parts with "
                                  "`shardfeed convert SRC PART_DIR --part I/N`") from None
     except (ValueError, KeyError, TypeError) as e:
         raise ShardError(path, f"part record is unreadable ({e}); write this part again") from None
     return rec
+
+
+def _check_part_name(name) -> None:
+    """A part's shard is a plain file name inside the part (the record is untrusted:
+    ``../secret.txt`` or an absolute path would be linked into the dataset)."""
+    if not isinstance(name, str) or not name.startswith("shard-") or len(name) < len("shard-000000") \
+            or name != os.path.basename(name) or "/" in name or "\\" in name or ".." in name or "\0" in name:
+        raise ValueError(f"shard name {name!r} is not a plain shard-NNNNNN file name inside the part")
+
+
+def _regular(path: str) -> bool:
+    """A regular file itself, not a link to one elsewhere."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
 
 
 def _link(src: str, dst: str) -> None:
@@ -124,7 +143,10 @@ def merge_parts(dst: str, part_dirs: list[str], overwrite: bool = False):
                 name = f"shard-{len(shards):06d}{info.name[len('shard-000000'):]}"
                 for suffix in ("", SIDECAR_SUFFIX):
                     src = os.path.join(d, info.name + suffix)
-                    if os.path.exists(src):
+                    if os.path.islink(src):
+                        raise ShardError(src, f"part {r['part']}/{count}: a shard is a symbolic link; a part "
+                                              "holds its shards as files")
+                    if _regular(src):
                         target = os.path.join(stage, name + suffix)
                         if os.path.lexists(target):
                             os.unlink(target)
@@ -134,7 +156,7 @@ def merge_parts(dst: str, part_dirs: list[str], overwrite: bool = False):
                 shards.append(ShardInfo(name, info.format, info.samples, info.bytes, info.hash))
             fields += [f for f in r["fields"] if f not in fields]
             for name in os.listdir(d):  # the source's extra files (classes.txt), the same in every part
-                if name.endswith(".txt") and os.path.isfile(os.path.join(d, name)):
+                if name.endswith(".txt") and _regular(os.path.join(d, name)):
                     shutil.copyfile(os.path.join(d, name), os.path.join(stage, name))
         total = sum(s.samples for s in shards)
         if total != recs[0][1]["total_samples"]:

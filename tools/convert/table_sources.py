@@ -164,21 +164,26 @@ class ParquetSource(UnitSource):
     max_open = 2
 
     def __init__(self, files: list[str], fields=(), key_column: str | None = None):
-        import pyarrow as pa
         import pyarrow.parquet as pq
 
         self.files = list(files)
         self.mapper = RowMapper("parquet", list(fields), key_column)
         self.groups: list[tuple[int, int]] = []
         counts = []
+        from shardfeed.formats.readers import FOOTER_ERRORS
+
         for fi, path in enumerate(self.files):
+            # a damaged footer breaks pyarrow's metadata parse (and each field read) in many ways
             try:
                 md = pq.ParquetFile(path).metadata
-            except (OSError, pa.ArrowException) as e:
-                raise ShardError(path, f"not a readable Parquet file: {e}") from None
-            for g in range(md.num_row_groups):
+                rows = [md.row_group(g).num_rows for g in range(md.num_row_groups)]
+            except FOOTER_ERRORS as e:
+                raise ShardError(path, f"not a readable Parquet file: {type(e).__name__}: {e}") from None
+            if any(n < 0 for n in rows):
+                raise ShardError(path, f"not a readable Parquet file: a row group claims {min(rows)} rows")
+            for g, n in enumerate(rows):
                 self.groups.append((fi, g))
-                counts.append(md.row_group(g).num_rows)
+                counts.append(n)
         super().__init__(counts)
         self.columns = None
         if fields:
@@ -186,8 +191,9 @@ class ParquetSource(UnitSource):
             self.columns = list(dict.fromkeys(wanted))
 
     def _open_unit(self, u: int):
-        import pyarrow as pa
         import pyarrow.parquet as pq
+
+        from shardfeed.formats.readers import FOOTER_ERRORS
 
         fi, g = self.groups[u]
         path = self.files[fi]
@@ -200,9 +206,10 @@ class ParquetSource(UnitSource):
             if missing:
                 raise ShardError(path, f"columns {missing} are missing; the file has {pf.schema_arrow.names}")
             table = pf.read_row_group(g, columns=cols)
-        except (OSError, pa.ArrowException) as e:
-            raise ShardError(path, f"row group {g} is unreadable: {e}") from None
-        return {name: table.column(name).to_pylist() for name in table.column_names}
+            table.validate(full=True)
+            return {name: table.column(name).to_pylist() for name in table.column_names}
+        except FOOTER_ERRORS as e:
+            raise ShardError(path, f"row group {g} is unreadable: {type(e).__name__}: {e}") from None
 
     def _close_unit(self, unit) -> None:
         pass
