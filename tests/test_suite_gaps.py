@@ -12,7 +12,7 @@ import pytest
 
 from shardfeed.formats import ShardError, ShardWriter
 from shardfeed.loader import Loader, Mixture
-from shardfeed.loader.follow import _Log
+from shardfeed.loader.feeds.stream_log import StreamLog
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -30,7 +30,7 @@ def test_the_idle_timer_starts_with_the_wait_not_at_the_last_commit(tmp_path):
     timeout counted from the wait's start: the wait returns. A timer counted
     from the last commit raises at its first poll."""
     _append(tmp_path, "a", 10)
-    log = _Log(str(tmp_path))
+    log = StreamLog(str(tmp_path))
     assert log.total == 10
     time.sleep(1.5)  # the trainer works on what it has; no commit meanwhile
     t = threading.Timer(0.4, _append, (tmp_path, "b", 10))
@@ -45,7 +45,7 @@ def test_the_idle_timer_starts_with_the_wait_not_at_the_last_commit(tmp_path):
 
 def test_the_idle_timer_still_raises_after_a_quiet_wait(tmp_path):
     _append(tmp_path, "a", 10)
-    log = _Log(str(tmp_path))
+    log = StreamLog(str(tmp_path))
     t0 = time.monotonic()
     with pytest.raises(ShardError, match="no commit arrived"):
         log.wait(15, step=3, poll_s=0.05, idle_timeout_s=0.5)
