@@ -21,8 +21,8 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
-from shardfeed.formats import decompress_ahead, decompressed
 from shardfeed.formats.arrow_checksums import check_batch
+from shardfeed.formats.engine import decompress_ahead, decompressed
 from shardfeed.formats.errors import ShardError
 from shardfeed.formats.files import check_regular, open_regular
 from shardfeed.formats.sidecar import SIDECAR_SUFFIX, SampleTable, read_sidecar, sample_checksum, scan_tar
@@ -146,7 +146,6 @@ def check_zstd_frames(buf, path: str) -> None:
 
 def _decompress_zstd(path: str, limit: int) -> bytes:
     import zstandard  # only .tar.zst shards need it: not imported by a process that reads none
-
     try:
         with open_regular(path, what="shard") as raw:
             if os.fstat(raw.fileno()).st_size == 0:
@@ -313,7 +312,6 @@ class ColumnarShardReader:
                                        f"{expected_bytes} (truncated, replaced or index mismatch)")
             if fmt == "parquet":
                 import pyarrow.parquet as pq  # only Parquet shards need it (~40 ms of a fresh process)
-
                 # no pre_buffer: it reads each row group's column chunks into fresh large buffers first,
                 # which with pyarrow's default pool (mimalloc) made a fresh process's first decode of
                 # every group 1-5x slower, varying run to run (2 KiB global, 32 groups: 41-227 ms against
@@ -457,7 +455,6 @@ def _columnar_keys(path: str, fmt: str) -> list[str]:
     try:
         if fmt == "parquet":
             import pyarrow.parquet as pq
-
             check_regular(path, what="shard")
             col = pq.ParquetFile(path, page_checksum_verification=True).read(columns=["__key__"]).column(0)
         else:  # through the reader: each batch's checksum covers its keys

@@ -18,8 +18,8 @@ import numpy as np
 import torch.utils.data
 
 from shardfeed.formats import ShardError, open_index
-from shardfeed.formats.batch import check_read_mode
 from shardfeed.formats.commit_log import open_stream_index
+from shardfeed.formats.engine.batch import check_read_mode
 from shardfeed.formats.errors import ReadError
 from shardfeed.loader import state as _state
 from shardfeed.loader import topology as _topology

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from shardfeed.formats.split_gather import threads_allowed
+from shardfeed.formats.engine.split_gather import threads_allowed
 from shardfeed.loader import state as _state
 from shardfeed.loader.audit import AuditRecorder
 from shardfeed.loader.collate import check_bytes_as, materialize

@@ -29,7 +29,7 @@ def _fresh(code: str, **env) -> dict:
 
 
 _REPORT = ("import json, sys\n"
-           "from shardfeed.formats import jit\n"
+           "from shardfeed.formats.compiler import jit\n"
            "print(json.dumps({'mods': sorted(set(sys.modules) - before), 'aot': jit.AOT is not None}))\n")
 
 
@@ -67,7 +67,7 @@ def test_first_batch_of_a_local_tar_read_imports_only_what_the_read_needs(tmp_pa
                      f"b = next(iter(Loader(ShardDataset({str(tmp_path)!r}, shuffle={order!r}), batch_size=64)))\n"
                      "assert len(b['__key__']) == 64, b\n" + _REPORT)
         mods = set(got["mods"])
-        assert "shardfeed.formats.batch" in mods  # the read did happen, through the batch reader
+        assert "shardfeed.formats.engine.batch" in mods  # the read did happen, through the batch reader
         assert sorted(mods & set(NEVER) - (set() if got["aot"] else {"numba"})) == [], order
         if got["aot"]:  # the compiled kernels serve: numba stays out (without them the JIT needs it)
             assert not [m for m in mods if m.startswith(("numba", "llvmlite"))]

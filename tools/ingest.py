@@ -90,7 +90,7 @@ def _ingest_source(source, writer, bar, key_prefix: str = "") -> int:
     import numpy as np
 
     from shardfeed.formats import ShardError
-    from shardfeed.tools.convert.job import _typed_for_columnar
+    from shardfeed.formats.columnar_values import typed_for_columnar
 
     n = len(source)
     for start in range(0, n, BATCH):
@@ -100,7 +100,7 @@ def _ingest_source(source, writer, bar, key_prefix: str = "") -> int:
             if key_prefix:
                 sample["__key__"] = f"{key_prefix}/{sample['__key__']}"
             if writer.format != "tar":
-                sample = _typed_for_columnar(sample, where)
+                sample = typed_for_columnar(sample, where)
             try:
                 writer.write(sample)
             except (ValueError, TypeError) as e:

@@ -1,6 +1,9 @@
-"""Where a conversion publishes: DST checks, the swap into DST, and the older host+pid stages.
+"""Publishing a staged dataset folder: DST checks, the swap into DST, and the older host+pid stages.
 
-``_publish`` renames the finished stage to DST (an existing DST, with
+A writer that builds a whole dataset at once (``shardfeed convert``, the Ray
+datasink) writes it into a hidden stage beside DST (``stage_path``) and
+publishes it with one rename, so a reader sees the whole dataset or nothing.
+``publish_stage`` renames the finished stage to DST (an existing DST, with
 overwrite, first moved aside as ``.<name>.old-<host>-<pid>`` and removed
 after the swap), deferring SIGINT and SIGTERM over the two renames.
 Overwrite replaces only an empty folder or a shardfeed dataset, never a
@@ -18,19 +21,24 @@ import signal
 import socket
 import threading
 
-from shardfeed.formats import ShardError
+from shardfeed.formats.errors import ShardError
 from shardfeed.formats.index import INDEX_NAME, LOG_DIR
 
 _OWNED = re.compile(r"^\.(?P<name>.+)\.(?P<kind>convert|old)-(?P<host>[A-Za-z0-9_.-]+)-(?P<pid>\d+)$")
 
 
-def _host() -> str:
+def stage_path(dst: str, key: str) -> str:
+    """The hidden stage beside ``dst`` for the run named by ``key`` (see tools/convert/resume.py)."""
+    return os.path.join(os.path.dirname(dst), f".{os.path.basename(dst)}.convert-{key}")
+
+
+def host_tag() -> str:
     # The host tells apart runs on machines sharing a folder, whose pids mean nothing here.
     return re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname()) or "localhost"
 
 
 def _owned_name(dst: str, kind: str) -> str:
-    return os.path.join(os.path.dirname(dst), f".{os.path.basename(dst)}.{kind}-{_host()}-{os.getpid()}")
+    return os.path.join(os.path.dirname(dst), f".{os.path.basename(dst)}.{kind}-{host_tag()}-{os.getpid()}")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -54,7 +62,7 @@ def remove_stale_stages(parent: str) -> list[str]:
         names = os.listdir(parent)
     except OSError:
         return removed
-    host = _host()
+    host = host_tag()
     for name in names:
         m = _OWNED.match(name)
         if not m or m["host"] != host or int(m["pid"]) == os.getpid() or _pid_alive(int(m["pid"])):
@@ -71,7 +79,7 @@ def remove_stale_stages(parent: str) -> list[str]:
     return removed
 
 
-class _SignalsHeld:
+class SignalsHeld:
     """Defers SIGINT and SIGTERM over a few renames that must not be cut in half.
 
     Python runs signal handlers in the main thread, so swapping in a handler
@@ -95,9 +103,9 @@ class _SignalsHeld:
         return False
 
 
-def _publish(stage: str, dst: str, overwrite: bool) -> None:
+def publish_stage(stage: str, dst: str, overwrite: bool) -> None:
     old = None
-    with _SignalsHeld():  # between the two renames DST does not exist
+    with SignalsHeld():  # between the two renames DST does not exist
         if os.path.isdir(dst) and not os.listdir(dst):
             os.rmdir(dst)
         elif os.path.lexists(dst):

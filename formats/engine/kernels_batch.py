@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardfeed.formats.jit import njit
-from shardfeed.formats.kernels import FD, FID, KOFF, MSTART, NMEM, NSAMP, SIZE
-from shardfeed.formats.native import load_i64
+from shardfeed.formats.compiler.jit import njit
+from shardfeed.formats.compiler.native import load_i64
+from shardfeed.formats.engine.kernels import FD, FID, KOFF, MSTART, NMEM, NSAMP, SIZE
 
 # rows of tar_layout's int64 work array (n + 1 columns each)
 SHARD, LOCAL, SLOT, DST_POS, KPOS, NROWS = range(6)

@@ -1,4 +1,4 @@
-"""Build the ahead-of-time kernel module (loaded by formats/aot.py).
+"""Build the ahead-of-time kernel module (loaded by formats/compiler/aot.py).
 
 Why: numba's first dispatch in a process costs about 0.5 s (its typing and
 lowering registries load, numba.np.random and all) even when every kernel
@@ -22,7 +22,7 @@ import shutil
 import tempfile
 import time
 
-from shardfeed.formats import aot, jit
+from shardfeed.formats.compiler import aot, jit
 
 # types a run-time fingerprint can name exactly (aot.fingerprint); others stay with the JIT
 _NAMEABLE = re.compile(r"^(bool|u?int(8|16|32|64)|float(32|64)|(readonly )?array\("

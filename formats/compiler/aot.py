@@ -1,4 +1,4 @@
-"""Calling the ahead-of-time compiled kernels (built by formats/aot_build.py).
+"""Calling the ahead-of-time compiled kernels (built by formats/compiler/aot_build.py).
 
 The module is numba's ``pycc`` output: one C function per (kernel, signature)
 that the build saw, plus ``manifest.json`` naming, for each kernel, its
@@ -168,7 +168,7 @@ class Kernel:
             f = self.variants.get(fingerprints(args))
             if f is not None:
                 return f(*args)
-            from shardfeed.formats import jit
+            from shardfeed.formats.compiler import jit
 
             jit.use_jit(f"{self.name} was called with types {[fingerprint(a) for a in args]}, "
                         f"which the compiled module does not hold")

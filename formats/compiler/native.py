@@ -16,7 +16,7 @@ first use; if the symbol is missing or disagrees, it is 0 and callers hash in
 Python instead. Nothing here checks bounds: callers do, before every access.
 
 The intrinsics are defined in intrinsics.py, which imports numba: while the
-compiled kernel module serves (formats/jit.py), the names here are
+compiled kernel module serves (formats/compiler/jit.py), the names here are
 placeholders that ``jit.use_jit`` resolves, so reading never imports numba.
 """
 
@@ -28,9 +28,9 @@ import os
 
 import xxhash
 
-from shardfeed.formats.jit import deferred
+from shardfeed.formats.compiler.jit import deferred
 
-_INTRINSICS = "shardfeed.formats.intrinsics"
+_INTRINSICS = "shardfeed.formats.compiler.intrinsics"
 copy = deferred(_INTRINSICS, "copy")
 load_i64 = deferred(_INTRINSICS, "load_i64")
 call_hash = deferred(_INTRINSICS, "call_hash")

@@ -30,14 +30,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import xxhash
 
-from shardfeed.formats import columns
+from shardfeed.formats.compiler.native import hash_fn, preadv_fn
+from shardfeed.formats.engine import columns
+from shardfeed.formats.engine.kernels import parse_ints, tar_sizes, warm
+from shardfeed.formats.engine.kernels_batch import DST_POS, KPOS, LOCAL, NROWS, OK, SHARD, SLOT, tar_layout
+from shardfeed.formats.engine.open_shards import MAX_OPEN_SHARDS, OpenShards, TarView
+from shardfeed.formats.engine.read_modes import FAULT_AROUND, MAPPED_BUDGET_BYTES, READ_MODES, check_read_mode
+from shardfeed.formats.engine.split_gather import SplitGather
 from shardfeed.formats.errors import ReadError, ShardError
-from shardfeed.formats.kernels import parse_ints, tar_sizes, warm
-from shardfeed.formats.kernels_batch import DST_POS, KPOS, LOCAL, NROWS, OK, SHARD, SLOT, tar_layout
-from shardfeed.formats.native import hash_fn, preadv_fn
-from shardfeed.formats.open_shards import MAX_OPEN_SHARDS, OpenShards, TarView
-from shardfeed.formats.read_modes import FAULT_AROUND, MAPPED_BUDGET_BYTES, READ_MODES, check_read_mode
-from shardfeed.formats.split_gather import SplitGather
 
 __all__ = ["BatchReader", "FAULT_AROUND", "MAPPED_BUDGET_BYTES", "MAX_OPEN_SHARDS", "READ_MODES", "RawBatch",
            "ReadError", "check_read_mode", "parse_ints"]

@@ -35,10 +35,9 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from shardfeed.formats import decompressed
-from shardfeed.formats.columns import ColumnarView
-from shardfeed.formats.errors import ShardError
-from shardfeed.formats.kernels import (
+from shardfeed.formats.engine import decompressed
+from shardfeed.formats.engine.columns import ColumnarView
+from shardfeed.formats.engine.kernels import (
     CSUM,
     FD,
     FID,
@@ -54,6 +53,7 @@ from shardfeed.formats.kernels import (
     SRC,
     SRC_LEN,
 )
+from shardfeed.formats.errors import ShardError
 from shardfeed.formats.readers import TarShardReader, open_shard
 
 MAX_OPEN_SHARDS = 256  # default max_open: shards kept open between reads

@@ -4,8 +4,8 @@ Two ways to run a kernel, chosen once when this module is imported:
 
 - AOT: ``python -m shardfeed.tools.warm`` (run by ``make venv``; also
   ``shardfeed warm``) compiles every signature the kernels were called with
-  into one extension module (formats/aot_build.py). When that module exists
-  for these exact sources, ``njit`` returns a thin proxy (formats/aot.py) that
+  into one extension module (formats/compiler/aot_build.py). When that module exists
+  for these exact sources, ``njit`` returns a thin proxy (formats/compiler/aot.py) that
   calls it, and numba is not even imported: a fresh process reads its first
   batch without numba's ~0.5 s set-up.
 - JIT: otherwise (no module yet, no C compiler, ``SHARDFEED_AOT=0``) ``njit``
@@ -58,14 +58,17 @@ def _package_dirs() -> list[str]:
 
 
 def source_key(dirs) -> str:
-    """A hash of every .py file (name and bytes) in ``dirs``."""
+    """A hash of every .py file (path and bytes) under ``dirs``, subfolders included."""
     h = hashlib.blake2b(digest_size=8)
     for d in dirs:
-        for name in sorted(os.listdir(d)):
-            if name.endswith(".py"):
-                h.update(name.encode() + b"\0")
-                with open(os.path.join(d, name), "rb") as f:
-                    h.update(f.read())
+        for top, subdirs, names in os.walk(d):
+            subdirs[:] = sorted(s for s in subdirs if s != "__pycache__")
+            for name in sorted(names):
+                if name.endswith(".py"):
+                    rel = os.path.relpath(os.path.join(top, name), d)
+                    h.update(rel.encode() + b"\0")
+                    with open(os.path.join(top, name), "rb") as f:
+                        h.update(f.read())
     return h.hexdigest()
 
 
@@ -81,7 +84,7 @@ def aot_dir() -> str:
     """Where the compiled module of these sources lives: beside numba's cache, one folder per
     Python, numpy and numba install, so several venvs sharing the cache each keep their own
     (one folder would be rebuilt by each venv in turn, and the others would fall back to the JIT)."""
-    from shardfeed.formats import aot
+    from shardfeed.formats.compiler import aot
 
     env = hashlib.blake2b(json.dumps(aot._versions(), sort_keys=True).encode(), digest_size=6).hexdigest()
     return os.path.join(cache_dir(), f"aot-{env}")
@@ -118,7 +121,7 @@ def touch_used(folder: str) -> None:
 def _load_aot():
     if os.environ.get(AOT_ENV, "1").strip() in ("0", "false", "no", "off"):
         return None
-    from shardfeed.formats import aot
+    from shardfeed.formats.compiler import aot
 
     loaded = aot.load(aot_dir(), KEY)
     if loaded is not None:
@@ -150,7 +153,7 @@ def use_jit(reason: str = "") -> None:
         _configure(numba)
         if os.path.isdir(cache_dir()):
             touch_used(cache_dir())
-        from shardfeed.formats import aot
+        from shardfeed.formats.compiler import aot
 
         if reason:
             log.info("shardfeed: using numba's JIT from now on: %s", reason)
@@ -182,7 +185,7 @@ def njit(fn=None, **options):
     def wrap(f):
         if _numba_njit is not None:
             return _jit(f, options)
-        from shardfeed.formats import aot
+        from shardfeed.formats.compiler import aot
 
         k = aot.Kernel(f, options, AOT)
         REGISTRY.append(k)
@@ -200,6 +203,6 @@ def deferred(module: str, name: str):
     (for numba intrinsics, which must not import numba while the compiled module serves)."""
     if _numba_njit is not None:
         return getattr(importlib.import_module(module), name)
-    from shardfeed.formats import aot
+    from shardfeed.formats.compiler import aot
 
     return aot.Deferred(module, name)

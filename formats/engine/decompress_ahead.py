@@ -43,7 +43,7 @@ import os
 import threading
 import weakref
 
-from shardfeed.formats import decompressed
+from shardfeed.formats.engine import decompressed
 
 DEPTH = 2  # compressed shards decompressed ahead (ready or in flight) per reading process
 

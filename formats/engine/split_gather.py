@@ -37,7 +37,7 @@ import time
 
 import numpy as np
 
-from shardfeed.formats.kernels import tar_gather
+from shardfeed.formats.engine.kernels import tar_gather
 
 MIN_RUNS = 64  # a batch of fewer runs of adjacent bytes is one call
 TRY_BATCHES = 3  # a try of a way: the median of this many batches (one batch's time is noisy under load)

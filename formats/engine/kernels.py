@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardfeed.formats.jit import njit
-from shardfeed.formats.native import call_hash, call_preadv, copy, load_i64
+from shardfeed.formats.compiler.jit import njit
+from shardfeed.formats.compiler.native import call_hash, call_preadv, copy, load_i64
 
 # Columns of the open-shard table (open_shards.Slots), one row per open tar
 # shard: addresses and lengths of its bytes and sidecar arrays, so one jitted

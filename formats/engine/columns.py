@@ -30,9 +30,9 @@ from collections import OrderedDict
 import numpy as np
 import pyarrow as pa
 
-from shardfeed.formats import decompressed
+from shardfeed.formats.engine import decompressed
+from shardfeed.formats.engine.kernels import copy_ranges
 from shardfeed.formats.errors import ShardError
-from shardfeed.formats.kernels import copy_ranges
 from shardfeed.formats.readers import ColumnarShardReader
 from shardfeed.formats.sidecar import as_numpy
 
