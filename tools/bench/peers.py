@@ -70,6 +70,10 @@ class ShardfeedAdapter(Adapter):
     def load(self, read):
         super().load(read)
         if read:
+            # the read path as the peers' eager imports load theirs: `import shardfeed.loader` loads it on first
+            # use, which would otherwise move these imports into the timed pass (see "import s")
+            import shardfeed.formats.engine.batch  # noqa: F401
+            import shardfeed.formats.readers  # noqa: F401
             from shardfeed.loader import Loader, ShardDataset  # noqa: F401
         else:
             from shardfeed.formats import ShardWriter  # noqa: F401
