@@ -4,11 +4,33 @@ Stands on shardfeed.formats only (no torch, no loader). See store.py for the
 life of a cache entry (REMOTE -> FETCHING -> LOCAL -> PINNED -> EVICTED).
 """
 
-from shardfeed.cache.fetch import Cancelled, FetchOptions
-from shardfeed.cache.prefetch import Prefetcher
-from shardfeed.cache.remote_index import RemoteDataset, RemoteIndex, mirror_index, open_remote_index
-from shardfeed.cache.sources import Source, open_source
-from shardfeed.cache.store import CacheLimitError, ShardCache, ShardRef
+from typing import TYPE_CHECKING
+
+from shardfeed.formats.lazy import exports
+
+if TYPE_CHECKING:  # what the names are, for type checkers; at run time each is imported on first use
+    from shardfeed.cache.fetch import Cancelled, FetchOptions
+    from shardfeed.cache.prefetch import Prefetcher
+    from shardfeed.cache.remote_index import RemoteDataset, RemoteIndex, mirror_index, open_remote_index
+    from shardfeed.cache.sources import Source, open_source
+    from shardfeed.cache.store import CacheLimitError, ShardCache, ShardRef
+
+# public name -> the submodule that defines it (formats/lazy.py: nothing is imported until asked for)
+_EXPORTS = {
+    "Cancelled": "fetch",
+    "FetchOptions": "fetch",
+    "Prefetcher": "prefetch",
+    "RemoteDataset": "remote_index",
+    "RemoteIndex": "remote_index",
+    "mirror_index": "remote_index",
+    "open_remote_index": "remote_index",
+    "Source": "sources",
+    "open_source": "sources",
+    "CacheLimitError": "store",
+    "ShardCache": "store",
+    "ShardRef": "store",
+}
+__getattr__, __dir__ = exports(__name__, _EXPORTS)
 
 __all__ = [
     "CacheLimitError", "Cancelled", "FetchOptions", "Prefetcher", "RemoteDataset", "ShardCache", "ShardRef",

@@ -1,21 +1,55 @@
 """Shard formats, dataset index, writers and codecs (no torch here)."""
 
-from shardfeed.formats.codecs import codec_of, decode_field, encode_field
-from shardfeed.formats.errors import ReadError, ShardError
-from shardfeed.formats.index import (
-                                     DatasetIndex,
-                                     ShardInfo,
-                                     compact,
-                                     format_of,
-                                     open_index,
-                                     publish,
-                                     read_log,
-                                     write_index,
-)
-from shardfeed.formats.readers import ColumnarShardReader, TarShardReader, hash_file, open_shard, verify_shard
-from shardfeed.formats.sidecar import SampleTable, read_sidecar, scan_tar
-from shardfeed.formats.sources import expand_braces, expand_source
-from shardfeed.formats.writer import ShardWriter
+from typing import TYPE_CHECKING
+
+from shardfeed.formats.lazy import exports
+
+if TYPE_CHECKING:  # what the names are, for type checkers; at run time each is imported on first use
+    from shardfeed.formats.codecs import codec_of, decode_field, encode_field
+    from shardfeed.formats.errors import ReadError, ShardError
+    from shardfeed.formats.index import (
+                                         DatasetIndex,
+                                         ShardInfo,
+                                         compact,
+                                         format_of,
+                                         open_index,
+                                         publish,
+                                         read_log,
+                                         write_index,
+    )
+    from shardfeed.formats.readers import ColumnarShardReader, TarShardReader, hash_file, open_shard, verify_shard
+    from shardfeed.formats.sidecar import SampleTable, read_sidecar, scan_tar
+    from shardfeed.formats.sources import expand_braces, expand_source
+    from shardfeed.formats.writer import ShardWriter
+
+# public name -> the submodule that defines it (formats/lazy.py: nothing is imported until asked for)
+_EXPORTS = {
+    "codec_of": "codecs",
+    "decode_field": "codecs",
+    "encode_field": "codecs",
+    "ReadError": "errors",
+    "ShardError": "errors",
+    "DatasetIndex": "index",
+    "ShardInfo": "index",
+    "compact": "index",
+    "format_of": "index",
+    "open_index": "index",
+    "publish": "index",
+    "read_log": "index",
+    "write_index": "index",
+    "ColumnarShardReader": "readers",
+    "TarShardReader": "readers",
+    "hash_file": "readers",
+    "open_shard": "readers",
+    "verify_shard": "readers",
+    "SampleTable": "sidecar",
+    "read_sidecar": "sidecar",
+    "scan_tar": "sidecar",
+    "expand_braces": "sources",
+    "expand_source": "sources",
+    "ShardWriter": "writer",
+}
+__getattr__, __dir__ = exports(__name__, _EXPORTS)
 
 __all__ = [
     "ColumnarShardReader", "DatasetIndex", "ReadError", "SampleTable", "ShardError", "ShardInfo", "ShardWriter",

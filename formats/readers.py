@@ -19,9 +19,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import xxhash
-import zstandard
 
 from shardfeed.formats.arrow_checksums import check_batch
 from shardfeed.formats.engine import decompress_ahead, decompressed
@@ -147,13 +145,17 @@ def check_zstd_frames(buf, path: str) -> None:
 
 
 def _decompress_zstd(path: str, limit: int) -> bytes:
-    with open_regular(path, what="shard") as raw:
-        if os.fstat(raw.fileno()).st_size == 0:
-            raise ShardError(path, "zstd frame error: the file is empty (truncated shard)")
-        with mmap.mmap(raw.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            check_zstd_frames(buf, path)
-        with zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True) as f:
-            return _decompress(f, path, limit)
+    import zstandard  # only .tar.zst shards need it: not imported by a process that reads none
+    try:
+        with open_regular(path, what="shard") as raw:
+            if os.fstat(raw.fileno()).st_size == 0:
+                raise ShardError(path, "zstd frame error: the file is empty (truncated shard)")
+            with mmap.mmap(raw.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+                check_zstd_frames(buf, path)
+            with zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True) as f:
+                return _decompress(f, path, limit)
+    except zstandard.ZstdError as e:
+        raise ShardError(path, f"zstd frame error: {e}") from e
 
 
 def load_tar_stream(path: str, fmt: str, limit: int | None = None):
@@ -173,8 +175,6 @@ def load_tar_stream(path: str, fmt: str, limit: int | None = None):
         raise ShardError(path, "shard is missing (no such file)") from e
     except (EOFError, gzip.BadGzipFile, zlib.error) as e:
         raise ShardError(path, f"gzip stream is corrupt or truncated: {e}") from e
-    except zstandard.ZstdError as e:
-        raise ShardError(path, f"zstd frame error: {e}") from e
     raise ShardError(path, f"format {fmt!r} is not a tar format")
 
 
@@ -326,6 +326,7 @@ class ColumnarShardReader:
                 raise ShardError(path, f"shard has {on_disk} bytes but the index says "
                                        f"{expected_bytes} (truncated, replaced or index mismatch)")
             if fmt == "parquet":
+                import pyarrow.parquet as pq  # only Parquet shards need it (~40 ms of a fresh process)
                 # no pre_buffer: it reads each row group's column chunks into fresh large buffers first,
                 # which with pyarrow's default pool (mimalloc) made a fresh process's first decode of
                 # every group 1-5x slower, varying run to run (2 KiB global, 32 groups: 41-227 ms against
@@ -468,6 +469,7 @@ def shard_keys(index, i: int, path: str | None = None) -> list[str]:
 def _columnar_keys(path: str, fmt: str) -> list[str]:
     try:
         if fmt == "parquet":
+            import pyarrow.parquet as pq
             check_regular(path, what="shard")
             col = pq.ParquetFile(path, page_checksum_verification=True).read(columns=["__key__"]).column(0)
         else:  # through the reader: each batch's checksum covers its keys

@@ -17,6 +17,7 @@ under one versioned key, see state.py.
 
 from __future__ import annotations
 
+import sys
 import time
 import warnings
 from collections import deque
@@ -44,7 +45,10 @@ class Loader:
     batch size and every rank takes the same number of steps); or a
     schedule over epochs: a ``BatchSchedule`` of ``Stage(batch_size,
     image_size, epochs)``, or a callable ``epoch -> int | list | Stage``.
-    num_workers: worker processes (0: read in this process). prefetch:
+    num_workers: worker processes (0: read in this process), or ``"auto"``:
+    chosen at the first iteration from the measured time to make a batch, the
+    consumer's step and the free cores (autotune.py; ``stats()["autotune"]``
+    says what and why; the batches are the same whatever is chosen). prefetch:
     batches each worker may have ready ahead of the consumer (so up to
     ``prefetch * num_workers`` are in flight). collate_fn: ``list of sample
     dicts -> batch`` (default: numbers and same-shaped arrays stacked into
@@ -65,13 +69,20 @@ class Loader:
     def __init__(self, dataset: ShardDataset, batch_size, num_workers: int = 0, prefetch: int = 2,
                  collate_fn: Callable | None = None, pin_memory: bool = False, multiprocessing_context=None,
                  audit: bool = False, bytes_as: str = "bytes"):
-        from shardfeed.loader.mixture import Mixture
-
-        if not isinstance(dataset, (ShardDataset, Mixture)):
+        # a Mixture exists only once its module is imported: a plain read never imports mixture.py
+        mixture = sys.modules.get("shardfeed.loader.mixture")
+        if not isinstance(dataset, (ShardDataset, mixture.Mixture) if mixture else ShardDataset):
             raise TypeError(f"dataset must be a shardfeed.loader.ShardDataset or Mixture, got {type(dataset).__name__}")
-        for name, v, lo in (("num_workers", num_workers, 0), ("prefetch", prefetch, 1)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-                raise ValueError(f"{name}={v!r} must be an int >= {lo}")
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
+            raise ValueError(f"prefetch={prefetch!r} must be an int >= 1")
+        # "auto": chosen from a probe of the first batches and the free cores (autotune.py)
+        self._auto = None
+        if num_workers == "auto":
+            self._auto = {"requested": "auto", "chosen": None, "reason": "not chosen yet: the first iteration "
+                          "probes the first batches"}
+            num_workers = 0
+        elif isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+            raise ValueError(f"num_workers={num_workers!r} must be an int >= 0 or \"auto\"")
         if collate_fn is not None and not callable(collate_fn):
             raise TypeError(f"collate_fn must be callable, got {collate_fn!r}")
         self.dataset = dataset
@@ -100,7 +111,11 @@ class Loader:
         if getattr(dataset, "cache", None) is not None:
             from shardfeed.loader.caching import LoaderCache
 
-            self._cache = LoaderCache(dataset, self.schedule, num_workers)
+            if self._auto is not None:  # the cache's budget is checked for its readers before any batch
+                from shardfeed.loader import autotune
+
+                autotune.from_cores(self)
+            self._cache = LoaderCache(dataset, self.schedule, self.num_workers)
         self._closed = False
         self._gen = 0  # iteration generation: an older iterator stops when a new one starts
         # audit=True records what this rank delivered, a bit per sample (audit.py)
@@ -147,7 +162,12 @@ class Loader:
         st.start_epoch(self.epoch, fresh=self._pos["step"] == 0)
         st.started = time.perf_counter()
         try:
-            source = self._local_batches(feed) if self.num_workers == 0 else self._worker_batches(feed)
+            if self._auto is not None and self._auto["chosen"] is None:
+                from shardfeed.loader import autotune
+
+                source = autotune.probed_batches(self, feed)
+            else:
+                source = self._local_batches(feed) if self.num_workers == 0 else self._worker_batches(feed)
             resumed = time.perf_counter()
             for item, cols, info in source:
                 t1 = time.perf_counter()
@@ -178,13 +198,12 @@ class Loader:
         self._pos = feed.get_state()
         self.dataset.set_epoch(feed.epoch)
 
-    def _local_batches(self, feed):
+    def _local_batches(self, feed, threads: bool = True):
         """(item, columns, info) made in this process, one step at a time."""
         if self._maker is None:
             self._maker = self.dataset.maker(self.collate_fn)
-            reader = getattr(self._maker, "reader", None)
-            if hasattr(reader, "allow_threads"):  # this process reads alone: a free core may take half a batch
-                reader.allow_threads(threads_allowed())
+            if threads:
+                self._allow_threads()
         maker = self._maker
         hint = getattr(maker, "hint", None)
         for item in feed:
@@ -192,6 +211,11 @@ class Loader:
                 hint(item.plan, item.start, item.stop)
             cols, info = maker.make(item.ids(), item.image_size)
             yield item, cols, info
+
+    def _allow_threads(self) -> None:
+        reader = getattr(self._maker, "reader", None)
+        if hasattr(reader, "allow_threads"):  # this process reads alone: a free core may take half a batch
+            reader.allow_threads(threads_allowed())
 
     def _worker_batches(self, feed):
         """(item, columns, info) from the workers, in step order: step s is made by
@@ -272,7 +296,10 @@ class Loader:
         wait_s (data stall), stall_fraction, read_s/decode_s/collate_s (summed
         over workers), transfer_s, bytes_read, errors_skipped. Prints as two
         readable lines."""
-        return self._stats.snapshot()
+        snap = self._stats.snapshot()
+        if self._auto is not None:  # num_workers="auto": what was chosen and why
+            snap["autotune"] = dict(self._auto)
+        return snap
 
     def close(self) -> None:
         """Stop the workers and free shared memory; safe to call twice."""

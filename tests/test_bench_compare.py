@@ -36,12 +36,16 @@ def test_throughput_rows_include_the_no_copy_form_and_first_batch(tiny):
         assert r["status"] == "ok", r
         assert r["whole"] > 0 and r["steady"] > 0 and r["first_batch_s"] > 0
         assert r["steady"] >= r["whole"] * 0.5  # the whole pass includes start-up; both count the same samples
+        # the fresh-process pass holds interpreter start and imports on top of the whole pass
+        assert 0 < r["fresh"] < r["whole"] and r["fresh_s"] > report["harness_start_s"] > 0
+        assert r["import_s"] >= 0
         # two interleaved passes, each a fresh process: the row holds their median (of two: the mean)
         assert len(r["passes"]) == 2 and all(p["whole"] > 0 for p in r["passes"])
         for k in ("whole", "steady", "first_batch_s"):
             assert r[k] == pytest.approx(sum(p[k] for p in r["passes"]) / 2)
     assert 'bytes_as="tensor"' in rows["shardfeed-tensor"]["label"]
-    assert 'bytes_as="tensor"' in md and "| whole pass /s | steady /s |" in md
+    assert 'bytes_as="tensor"' in md and "| fresh process /s | whole pass /s | steady /s |" in md
+    assert "## Configurations" in md and 'Loader(bytes_as="tensor")' in md  # each library's configuration
     assert report["repeat"] == 2 and "the median of its 2 passes" in md
 
 
@@ -73,6 +77,27 @@ def test_trainer_rows_have_steps_per_second_and_a_stall_fraction(tiny):
     for png in ("bench_compare.png", "bench_compare_first_batch.png", "bench_compare_shuffle.png",
                 "bench_compare_train.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_every_library_states_its_configuration_and_the_pyarrow_peer_writes_pyarrow_default_groups(tmp_path):
+    from shardfeed.tools.bench.compare_peers import adapter
+    from shardfeed.tools.bench.samples import SampleSpec
+
+    for lib in compare.LIBRARIES:
+        assert len(adapter(lib).CONFIG) > 20, lib
+    import pyarrow.parquet as pq
+    spec = SampleSpec(3000, 64)
+    for lib, groups in (("parquet", [375]), ("parquet-1k", [375])):  # 8 files of 375 rows: one group each
+        folder = tmp_path / lib
+        adapter(lib).write(spec, str(folder))
+        md = pq.ParquetFile(adapter(lib).files(str(folder))[0]).metadata
+        assert [md.row_group(g).num_rows for g in range(md.num_row_groups)] == groups
+    spec = SampleSpec(8 * 2500, 64)
+    for lib, groups in (("parquet", [2500]), ("parquet-1k", [1024, 1024, 452])):
+        folder = tmp_path / f"{lib}-big"
+        adapter(lib).write(spec, str(folder))
+        md = pq.ParquetFile(adapter(lib).files(str(folder))[0]).metadata
+        assert [md.row_group(g).num_rows for g in range(md.num_row_groups)] == groups
 
 
 def test_ideal_classes_per_batch_matches_random_batches():

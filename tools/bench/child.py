@@ -14,6 +14,13 @@ Jobs:
   for a steady state). With ``"record": true`` the result also holds the
   keys in read order and the size of each batch (for shuffle quality).
 
+- ``{"mode": "noop"}``: imports the harness only (what every read job imports
+  before its library: numpy, xxhash, torch): the interpreter-and-harness part of a fresh-process pass.
+
+A job with ``"spawned_at"`` (``time.time()`` of the parent just before it
+started this process) also gets ``fresh_s``: from that moment to the end of
+the pass, so interpreter start and every import are in it.
+
 A job with ``"classes"`` (and ``"per_shard"``) reads or writes the
 class-ordered samples of ``compare_quality.ClassOrderedSpec`` instead.
 """
@@ -49,6 +56,12 @@ def _peak_rss_mib() -> float | None:
     return None
 
 
+def _since_spawn(job: dict) -> dict:
+    """``fresh_s``: wall seconds since the parent started this process (interpreter start and imports
+    included), where the job says when that was."""
+    return {"fresh_s": time.time() - job["spawned_at"]} if job.get("spawned_at") else {}
+
+
 def spec_of(job: dict):
     """The samples a job writes or reads."""
     if job.get("classes"):
@@ -62,12 +75,18 @@ def _run(job: dict) -> dict:
     from shardfeed.tools.bench.peers import ADAPTERS
     from shardfeed.tools.bench.samples import ContentCheck, _as_int_array
 
+    if job["mode"] != "write":
+        import torch.utils.data  # noqa: F401 (every read path is a torch DataLoader: the harness's, not timed)
+    if job["mode"] == "noop":
+        return {"status": "ok", **_since_spawn(job)}
     adapter = ADAPTERS[job["library"]]
+    import_start = time.perf_counter()
     try:
         adapter.load(read=job["mode"] == "read")
     except Exception as e:  # ImportError and friends: the library is absent or broken here
         # A missing peer is optional; shardfeed itself failing to import is a fault.
         return {"status": f"{'skipped' if adapter.peer else 'error'}: cannot import ({_short(e)})"}
+    import_s = time.perf_counter() - import_start
     spec = spec_of(job)
 
     if job["mode"] == "write":
@@ -98,7 +117,7 @@ def _run(job: dict) -> dict:
             first_batch_s, steady_start, first = got - start, done, check.result()
     end = time.perf_counter()
     result = {"elapsed_s": end - start, "first_batch_s": first_batch_s, "check_s": check_s, "batches": batches,
-              **check.result(),
+              "import_s": import_s, **_since_spawn(job), **check.result(),
               "child_peak_rss_mib": _peak_rss_mib()}
     if steady_start is not None and check.count > first.get("count", 0):
         result.update(steady_s=end - steady_start, steady_count=check.count - first["count"],

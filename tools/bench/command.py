@@ -5,6 +5,8 @@
     shardfeed bench formats   format size and speed (bench_formats)
     shardfeed bench pairings  every format under every order, with and without a cache (bench_pairings)
     shardfeed bench payloads  raw/npy tokens and byte fields as bytes, views, jagged (bench_payloads)
+    shardfeed bench images    photos: decode + RandomResizedCrop + flip in the workers vs ImageFolder, webdataset
+    shardfeed bench tokens    token windows under global shuffle vs a Megatron-style memmap loop (bench_tokens)
     shardfeed bench convert   conversion throughput and write-time shuffle (bench_convert)
     shardfeed bench cache     node cache vs a throttled remote (bench_cache)
     shardfeed bench mix       mixing overhead and audit memory (bench_mix)
@@ -34,6 +36,10 @@ BENCHES = {
                  "each format (tar, Arrow, Parquet, tar.zst, tar.gz) under each order, cache and worker count"),
     "payloads": ("shardfeed.tools.bench.payloads",
                  "payload forms: raw/npy tokens vs bytes, byte fields as bytes, tensor views or jagged"),
+    "images": ("shardfeed.tools.bench.images",
+               "real photographs: decode + RandomResizedCrop + flip in the workers against ImageFolder and webdataset"),
+    "tokens": ("shardfeed.tools.bench.tokens",
+               "LLM token windows under global shuffle vs a Megatron-style .bin/.idx memmap loop, tokens/s"),
     "cache": ("shardfeed.tools.bench.cache", "node-local cache against a throttled remote: bytes fetched, stalls"),
     "mix": ("shardfeed.tools.bench.mix", "mixing overhead of a 3-source Mixture and the audit's memory"),
     "convert": ("shardfeed.tools.bench.convert", "conversion throughput, write-shuffle memory and quality"),

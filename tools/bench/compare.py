@@ -51,7 +51,7 @@ QUICK_COUNTS = {"2KiB": 4096, "100KiB": 512}
 # median of each configuration's passes is its figure.
 REPEAT = 3
 LIBRARIES = ("shardfeed", "shardfeed-tensor", "shardfeed-parquet", "webdataset", "litdata", "streaming", "files",
-             "parquet")
+             "parquet", "parquet-1k")
 # shardfeed's variants deliver the order of its own `global` row: their shuffle quality is that row's.
 SAME_ORDER = {"shardfeed-tensor", "shardfeed-parquet"}
 
@@ -100,6 +100,8 @@ def _rates(r: dict) -> dict:
     if r.get("status") != "ok":
         return {}
     out = {"whole": r["count"] / r["elapsed_s"], "first_batch_s": r["first_batch_s"], "batches": r["batches"]}
+    if r.get("fresh_s"):  # the pass from a fresh interpreter: its start and every import included
+        out.update(fresh=r["count"] / r["fresh_s"], fresh_s=r["fresh_s"], import_s=r["import_s"])
     if r.get("steady_s") and not too_small(r["batches"]):
         out["steady"] = r["steady_count"] / r["steady_s"]
     return out
@@ -205,6 +207,11 @@ def throughput(run: Run, report: dict) -> None:
     configs = [(s, w, sh, lib) for s in run.sizes for w in run.workers
                for sh in (run.shuffles if s == "2KiB" or False not in run.shuffles else [False]) for lib in run.libs]
     passes: dict = {c: [] for c in configs}
+    # What a fresh interpreter with the harness's imports (numpy, xxhash: every library's pass has them) costs
+    # before any library is imported: the floor of the fresh-process figures.
+    base = [run.child("shardfeed", {"mode": "noop"}) for _ in range(run.repeat)]
+    if all(b.get("status") == "ok" for b in base):
+        report["harness_start_s"] = statistics.median(b["fresh_s"] for b in base)
     for _, (s, w, sh, lib) in _bar([(k, c) for k in range(run.repeat) for c in configs], "read"):
         r = run.read(lib, f"{s}-{run.counts[s]}", {"count": run.counts[s], "size": SIZES[s]},
                      SampleSpec(run.counts[s], SIZES[s]), workers=w, shuffle=sh)
@@ -222,7 +229,7 @@ def _median(rs: list[dict]) -> dict:
         return {"status": bad.get("status"), "wall_s": bad.get("wall_s")}
     rates = [_rates(r) for r in rs]
     row = {"status": "ok", "wall_s": sum(r.get("wall_s") or 0 for r in rs), "passes": rates}
-    for k in ("whole", "steady", "first_batch_s", "batches"):
+    for k in ("whole", "steady", "first_batch_s", "batches", "fresh", "fresh_s", "import_s"):
         vals = [x[k] for x in rates if k in x]
         if len(vals) == len(rates):
             row[k] = statistics.median(vals)
@@ -278,7 +285,8 @@ def main(args: argparse.Namespace) -> int:
               else None, "machine": _machine(), "versions": versions(), "peers_python": compare_report.shown_path(run.peers_py),
               "peers_versions": versions(python_for("streaming", run.peers_py)) if "streaming" in run.libs
               and run.peers_py else None, "batch_size": args.batch_size, "repeat": run.repeat,
-              "counts": {s: run.counts[s] for s in run.sizes}, "rows": [], "cat_mb_s": {}}
+              "counts": {s: run.counts[s] for s in run.sizes}, "rows": [], "cat_mb_s": {},
+              "configurations": {lib: (adapter(lib).label, adapter(lib).CONFIG) for lib in run.libs}}
     started = time.perf_counter()
     libs = set(run.libs)
     datasets = [(f"{s}-{run.counts[s]}", {"count": run.counts[s], "size": SIZES[s]}, libs) for s in run.sizes]

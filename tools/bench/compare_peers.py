@@ -20,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 from shardfeed.tools.bench.peers import ADAPTERS, Adapter, ShardfeedAdapter, _collate_dicts, _per_shard
 
@@ -33,6 +34,8 @@ class ShardfeedParquetAdapter(ShardfeedAdapter):
     """shardfeed over Parquet shards written by its own ShardWriter."""
 
     name, label = "shardfeed-parquet", "shardfeed, Parquet"
+    CONFIG = ("ShardWriter(format=\"parquet\"): 8 files, its 1,024-row groups; ShardDataset + Loader as the "
+              "tar row")
 
     def write(self, spec, folder):
         from shardfeed.formats import ShardWriter
@@ -50,6 +53,7 @@ class ShardfeedTensorAdapter(ShardfeedAdapter):
     shards as ``shardfeed``. The content check hashes each view in place."""
 
     name, label = "shardfeed-tensor", 'shardfeed, bytes_as="tensor" (no copy)'
+    CONFIG = 'the shardfeed tar row\'s shards and dataset, Loader(bytes_as="tensor")'
 
     @property
     def data_name(self) -> str:
@@ -91,6 +95,10 @@ class StreamingAdapter(Adapter):
     shuffle at its defaults (py1e, default block size)."""
 
     name, label = "streaming", "MosaicML Streaming"
+    CONFIG = ("MDSWriter(columns={key: str, bin: bytes, cls: int}) at its default size_limit (64 MiB shards: "
+              "2 at 2 KiB, 4 at 100 KiB; it splits samples, not shards, between workers), no compression; "
+              "StreamingDataset(local, shuffle, batch_size) at its defaults (py1e shuffle) + torch "
+              "DataLoader(batch_size, num_workers)")
 
     def load(self, read):
         super().load(read)
@@ -98,8 +106,10 @@ class StreamingAdapter(Adapter):
 
     def write(self, spec, folder):
         mds_writer, _ = import_streaming()
-        with mds_writer(out=folder, columns={"key": "str", "bin": "bytes", "cls": "int"},
-                        size_limit=_per_shard(spec) * (spec.size + 64)) as out:
+        # The class-ordered data of the shuffle-quality part keeps its shards of `per_shard` samples.
+        per_shard = getattr(spec, "per_shard", None)
+        limit = {"size_limit": per_shard * (spec.size + 64)} if per_shard else {}
+        with mds_writer(out=folder, columns={"key": "str", "bin": "bytes", "cls": "int"}, **limit) as out:
             for i in range(spec.count):
                 out.write({"key": spec.key(i), "bin": spec.payload(i), "cls": spec.cls(i)})
 
@@ -123,6 +133,10 @@ def child_main(job_json: str) -> None:
     ADAPTERS.update(EXTRA)
     from shardfeed.tools.bench import child
     job = json.loads(job_json)
+    if job["mode"] == "noop":  # the harness's own imports, then nothing: the fresh-process baseline
+        from shardfeed.tools.bench import child
+        print(RESULT_PREFIX + json.dumps(child.run(job)), flush=True)
+        return
     if job["mode"] == "write_all":  # one process writes all of a library's datasets: fewer interpreter starts
         print(RESULT_PREFIX + json.dumps({"results": [child.run(j) for j in job["jobs"]]}), flush=True)
         return
@@ -159,6 +173,8 @@ def python_for(library: str, peers_py: str | None) -> str:
 
 def run_child(job: dict, timeout: float, python: str = sys.executable) -> dict:
     code = "import sys; from shardfeed.tools.bench.compare_peers import child_main; child_main(sys.argv[1])"
+    if job.get("mode") in ("read", "noop"):
+        job = {**job, "spawned_at": time.time()}  # the child's fresh_s counts from here
     try:
         done = subprocess.run([python, "-c", code, json.dumps(job)], capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -34,6 +34,7 @@ SHUFFLE_SETTINGS = {
     "streaming": "StreamingDataset(shuffle=True): py1e, default block size",
     "files": "DataLoader(shuffle=True) over the files",
     "parquet": "row groups in random order, rows shuffled within each",
+    "parquet-1k": "row groups in random order, rows shuffled within each",
 }
 
 
@@ -128,13 +129,22 @@ def targets(report: dict) -> list[dict]:
 
 
 def throughput_table(report: dict) -> str:
-    lines = ["| size | workers | shuffle | library | whole pass /s | steady /s | steady MB/s | first batch s "
-             "| status |", "|---|--:|---|---|--:|--:|--:|--:|---|"]
+    lines = ["| size | workers | shuffle | library | fresh process /s | whole pass /s | steady /s | steady MB/s "
+             "| import s | first batch s | status |", "|---|--:|---|---|--:|--:|--:|--:|--:|--:|---|"]
     for r in report["rows"]:
         mb = r["steady"] * r["bytes_per_sample"] / 1e6 if r.get("steady") else None
-        lines.append(f"| {r['size']} | {r['workers']} | {_on(r['shuffle'])} | {r['label']} | {_fmt(r.get('whole'))} "
-                     f"| {_fmt(r.get('steady'))} | {_fmt(mb)} | {_fmt(r.get('first_batch_s'), '.3f')} "
+        lines.append(f"| {r['size']} | {r['workers']} | {_on(r['shuffle'])} | {r['label']} | {_fmt(r.get('fresh'))} "
+                     f"| {_fmt(r.get('whole'))} | {_fmt(r.get('steady'))} | {_fmt(mb)} "
+                     f"| {_fmt(r.get('import_s'), '.3f')} | {_fmt(r.get('first_batch_s'), '.3f')} "
                      f"| {r['status'].replace('|', '/')} |")
+    return "\n".join(lines)
+
+
+def configurations_table(report: dict) -> str:
+    """How each library in the run writes and reads (its adapter's CONFIG)."""
+    lines = ["| library | configuration |", "|---|---|"]
+    for label, config in report.get("configurations", {}).values():
+        lines.append(f"| {label} | {config.replace('|', '/')} |")
     return "\n".join(lines)
 
 
@@ -219,12 +229,17 @@ def render(report: dict) -> str:
     head = (f"`shardfeed bench compare`: {sizes} samples, batch {report['batch_size']}, page cache warm, "
             f"{_passes(report)}, every pass content-checked (a wrong pass is FAILED, never a "
             f"number). **Whole pass** = samples / time from constructing the dataset and loader to the last batch; "
-            f"**steady** = after the first batch; **first batch** = construction + first batch. A pass of fewer "
+            f"**steady** = after the first batch; **first batch** = construction + first batch; **fresh process** = "
+            f"samples / time from starting the child interpreter to the last batch (interpreter start and every "
+            f"import included: what a short job or a notebook cell sees; a bare interpreter with the harness's "
+            f"imports takes {_fmt(report.get('harness_start_s'), '.3f')} s of it); **import s** = importing the "
+            f"library's reading modules (torch already imported by the harness). A pass of fewer "
             f"than {MIN_BATCHES} batches gets no steady rate. Machine: {report['machine']}. Run took "
             f"{report['elapsed_s']:.0f} s.")
     cat = ("`cat` of shardfeed's shards (page cache warm): "
            + ", ".join(f"{s} {v:,.0f} MB/s" for s, v in report["cat_mb_s"].items()))
-    return "\n\n".join([head, _versions_line(report), "## Throughput", throughput_table(report), cat,
+    return "\n\n".join([head, _versions_line(report), "## Configurations", configurations_table(report),
+                        "## Throughput", throughput_table(report), cat,
                         "## Shuffle quality", quality_table(report), "## Reference trainer", train_table(report),
                         "## Targets", f"{counts['met']} met, {counts['missed']} missed, {counts['nj']} not judged.",
                         targets_table(items)]) + "\n"

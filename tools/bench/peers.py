@@ -17,8 +17,9 @@ from collections.abc import Iterator
 
 from shardfeed.tools.bench.samples import SampleSpec
 
-# Every dataset is cut into this many shards/chunks/files, whatever its size,
-# so 2 workers always have shards to split and quick runs look like full ones.
+# Shard-based layouts (tar, Parquet files) are cut into this many files, whatever the dataset's size, so 2
+# workers always have shards to split and quick runs look like full ones. Libraries that split samples (not
+# files) between workers write at their documented default chunk size instead (see each adapter's CONFIG).
 NUM_SHARDS = 8
 
 
@@ -32,6 +33,9 @@ class Adapter:
     name = ""
     label = ""
     peer = True  # False for shardfeed itself
+    # How the library writes and reads in this benchmark, as its docs and a sensible user would set it
+    # (printed in the report's "configurations" section).
+    CONFIG = ""
 
     @property
     def data_name(self) -> str:
@@ -60,10 +64,16 @@ class ShardfeedAdapter(Adapter):
     """shardfeed's own path: ShardDataset over the tar shards + Loader."""
 
     name, label, peer = "shardfeed", "shardfeed", False
+    CONFIG = ("ShardWriter(format=\"tar\"), 8 shards; ShardDataset(shuffle=\"global\" or \"none\") + "
+              "Loader(batch_size, num_workers): all defaults otherwise")
 
     def load(self, read):
         super().load(read)
         if read:
+            # the read path as the peers' eager imports load theirs: `import shardfeed.loader` loads it on first
+            # use, which would otherwise move these imports into the timed pass (see "import s")
+            import shardfeed.formats.engine.batch  # noqa: F401
+            import shardfeed.formats.readers  # noqa: F401
             from shardfeed.loader import Loader, ShardDataset  # noqa: F401
         else:
             from shardfeed.formats import ShardWriter  # noqa: F401
@@ -91,6 +101,7 @@ class ShardfeedMmapAdapter(ShardfeedAdapter):
     """shardfeed with the opt-in read_mode="mmap" (faster small random reads, file pages in RSS)."""
 
     name, label = "shardfeed-mmap", "shardfeed, read_mode=mmap"
+    CONFIG = 'the shardfeed tar row with ShardDataset(read_mode="mmap")'
     read_mode = "mmap"
 
     @property
@@ -102,6 +113,9 @@ class WebDatasetAdapter(Adapter):
     """webdataset's documented pipeline: shard shuffle + sample buffer, WebLoader."""
 
     name, label = "webdataset", "webdataset"
+    CONFIG = ("wds.ShardWriter(maxcount=...): 8 shards (its docs: at least one shard per worker); "
+              "WebDataset(urls, shardshuffle=len(urls)).shuffle(1000).decode().to_tuple().batched(batch) in "
+              "WebLoader(batch_size=None, num_workers): its documented pipeline")
 
     def load(self, read):
         super().load(read)
@@ -136,6 +150,9 @@ class LitDataAdapter(Adapter):
     """litdata: BinaryWriter chunks read by StreamingDataset + StreamingDataLoader."""
 
     name, label = "litdata", "litdata"
+    CONFIG = ("BinaryWriter(chunk_bytes=\"64MB\"), the chunk size of its README's optimize() examples; "
+              "StreamingDataset(shuffle) + StreamingDataLoader(batch_size, num_workers): defaults")
+    CHUNK_BYTES = "64MB"
 
     def load(self, read):
         super().load(read)
@@ -143,7 +160,10 @@ class LitDataAdapter(Adapter):
 
     def write(self, spec, folder):
         from litdata.streaming.writer import BinaryWriter
-        writer = BinaryWriter(folder, chunk_size=_per_shard(spec))
+        # The class-ordered data of the shuffle-quality part keeps its shards of `per_shard` samples.
+        per_shard = getattr(spec, "per_shard", None)
+        writer = BinaryWriter(folder, chunk_size=per_shard) if per_shard else \
+            BinaryWriter(folder, chunk_bytes=self.CHUNK_BYTES)
         for i in range(spec.count):
             writer.add_item(i, {"key": spec.key(i), "bin": spec.payload(i), "cls": spec.cls(i)})
         writer.done()
@@ -165,6 +185,8 @@ class FilesAdapter(Adapter):
     """A plain torch DataLoader over one file per sample."""
 
     name, label = "files", "DataLoader, file per sample"
+    CONFIG = ("one file per sample in ROOT/CLASS/KEY.bin (the ImageFolder layout); a map-style Dataset that "
+              "opens and reads each file, DataLoader(batch_size, shuffle, num_workers)")
 
     def load(self, read):
         super().load(read)
@@ -191,9 +213,16 @@ class FilesAdapter(Adapter):
 
 
 class ParquetAdapter(Adapter):
-    """A plain pyarrow loop over Parquet row groups of one batch each, in a DataLoader."""
+    """A plain pyarrow loop over Parquet row groups, in a DataLoader: files written by ``pq.write_table``
+    at pyarrow's defaults (row groups of min(rows, 1Mi): one group per file here; snappy), each group read
+    whole and cut into batches."""
 
-    name, label = "parquet", "pyarrow Parquet loop"
+    name, label = "parquet", "pyarrow Parquet loop, default row groups"
+    CONFIG = ("pq.write_table per file at pyarrow's defaults: 8 files, row_group_size=None = min(rows, 1Mi), "
+              "so one group per file (4,096 rows = 8 MiB at 2 KiB; 256 rows = 25 MiB at 100 KiB), snappy; "
+              "a DataLoader over (file, group) pairs: read_row_group, rows shuffled within the group "
+              "when shuffling, batches sliced off")
+    ROW_GROUP = None  # pyarrow's default
 
     def load(self, read):
         super().load(read)
@@ -201,22 +230,17 @@ class ParquetAdapter(Adapter):
         if read:
             import shardfeed.tools.bench.peer_datasets  # noqa: F401
 
-    def write(self, spec, folder, batch_size=256):
+    def write(self, spec, folder):
         import pyarrow as pa
         import pyarrow.parquet as pq
         os.makedirs(folder, exist_ok=True)
         schema = pa.schema([("key", pa.string()), ("bin", pa.binary()), ("cls", pa.int64())])
         per_file = _per_shard(spec)
         for f, first in enumerate(range(0, spec.count, per_file)):
-            last = min(first + per_file, spec.count)
-            with pq.ParquetWriter(os.path.join(folder, f"part-{f:05d}.parquet"), schema,
-                                  compression="none") as writer:
-                for start in range(first, last, batch_size):
-                    ids = range(start, min(start + batch_size, last))
-                    writer.write_table(pa.table({"key": [spec.key(i) for i in ids],
-                                                 "bin": [spec.payload(i) for i in ids],
-                                                 "cls": [spec.cls(i) for i in ids]}, schema=schema),
-                                       row_group_size=batch_size)
+            ids = range(first, min(first + per_file, spec.count))
+            table = pa.table({"key": [spec.key(i) for i in ids], "bin": [spec.payload(i) for i in ids],
+                              "cls": [spec.cls(i) for i in ids]}, schema=schema)
+            pq.write_table(table, os.path.join(folder, f"part-{f:05d}.parquet"), row_group_size=self.ROW_GROUP)
 
     def files(self, folder):
         return sorted(glob.glob(os.path.join(folder, "*.parquet")))
@@ -229,5 +253,17 @@ class ParquetAdapter(Adapter):
                               batch_size=None, num_workers=workers)
 
 
+class ParquetMidAdapter(ParquetAdapter):
+    """The same loop over files with 1,024-row groups: the group size of shardfeed's own Parquet writer (and
+    about Hugging Face datasets' 1,000-row ``to_parquet`` groups), a middle between one group per batch and
+    pyarrow's default."""
+
+    name, label = "parquet-1k", "pyarrow Parquet loop, 1,024-row groups"
+    CONFIG = ("as the default-row-group loop, but pq.write_table(row_group_size=1024): 4 groups per file at "
+              "2 KiB (2 MiB each); at 100 KiB a file holds 256 rows, so the same one group as the default")
+    ROW_GROUP = 1024
+
+
 ADAPTERS: dict[str, Adapter] = {a.name: a for a in (
-    ShardfeedAdapter(), ShardfeedMmapAdapter(), WebDatasetAdapter(), LitDataAdapter(), FilesAdapter(), ParquetAdapter())}
+    ShardfeedAdapter(), ShardfeedMmapAdapter(), WebDatasetAdapter(), LitDataAdapter(), FilesAdapter(), ParquetAdapter(),
+    ParquetMidAdapter())}

@@ -1,0 +1,73 @@
+"""What a fresh process imports: `import shardfeed.loader` loads no submodule and no heavy dependency, and
+reading the first batch of a local tar dataset imports only what that read needs (no Parquet reader,
+fsspec, zstandard, matplotlib, pandas, mixture or streaming code; no numba when the compiled kernels serve).
+
+Structural, not timed: each check runs in a new interpreter and inspects sys.modules."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from shardfeed.formats import ShardWriter
+
+# never needed to import the package or to read local tar shards
+NEVER = ("numba", "pyarrow.parquet", "fsspec", "matplotlib", "pandas", "zstandard", "PIL", "tqdm",
+         "shardfeed.loader.mixture", "shardfeed.loader.mixture_feed", "shardfeed.formats.writer",
+         "shardfeed.cache.store", "shardfeed.tools")
+
+
+def _fresh(code: str, **env) -> dict:
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240,
+                          env={**os.environ, **env})
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+_REPORT = ("import json, sys\n"
+           "from shardfeed.formats.compiler import jit\n"
+           "print(json.dumps({'mods': sorted(set(sys.modules) - before), 'aot': jit.AOT is not None}))\n")
+
+
+@pytest.mark.parametrize("aot", ["1", "0"])
+def test_import_shardfeed_loader_imports_no_submodule_and_nothing_heavy(aot):
+    before, got = _fresh("import json, sys, torch\nbefore = sorted(sys.modules)\nimport shardfeed.loader\n"
+                         "print(json.dumps([before, sorted(sys.modules)]))", SHARDFEED_AOT=aot)
+    added = sorted(set(got) - set(before))  # what shardfeed adds to torch's own imports (torch brings tqdm)
+    heavy = [m for m in added if m in NEVER or m.split(".")[0] in ("pyarrow", "numba", "xxhash")]
+    assert heavy == []
+    ours = [m for m in added if m.startswith("shardfeed.")]
+    assert ours == ["shardfeed.formats", "shardfeed.formats.lazy", "shardfeed.loader"]
+
+
+def test_public_names_still_import_and_name_their_modules():
+    got = _fresh("import json\nfrom shardfeed.loader import BatchSchedule, Loader, Mixture, ShardDataset, Stage,"
+                 " WorkerError\nfrom shardfeed.formats import ShardError, ShardWriter, open_index\n"
+                 "from shardfeed.cache import ShardCache\nfrom shardfeed.shuffling import EpochPlan\n"
+                 "import shardfeed.loader as L\n"
+                 "print(json.dumps([c.__module__ for c in (Loader, Mixture, ShardDataset, ShardCache, EpochPlan,"
+                 " ShardWriter)] + [L.Loader is Loader, 'Loader' in dir(L)]))")
+    assert got == ["shardfeed.loader.loader", "shardfeed.loader.mixture", "shardfeed.loader.dataset",
+                   "shardfeed.cache.store", "shardfeed.shuffling.plan", "shardfeed.formats.writer", True, True]
+    with pytest.raises(AttributeError, match="has no attribute 'NoSuchName'"):
+        import shardfeed.loader
+        shardfeed.loader.NoSuchName  # noqa: B018
+
+
+def test_first_batch_of_a_local_tar_read_imports_only_what_the_read_needs(tmp_path):
+    with ShardWriter(str(tmp_path), format="tar", max_shard_samples=100) as w:
+        for i in range(300):
+            w.write({"__key__": f"{i:05d}", "bin": bytes([i % 251]) * 64, "cls": i})
+    for order in ("global", "none"):
+        got = _fresh("import sys, torch\nbefore = set(sys.modules)\nfrom shardfeed.loader import Loader, ShardDataset\n"
+                     f"b = next(iter(Loader(ShardDataset({str(tmp_path)!r}, shuffle={order!r}), batch_size=64)))\n"
+                     "assert len(b['__key__']) == 64, b\n" + _REPORT)
+        mods = set(got["mods"])
+        assert "shardfeed.formats.engine.batch" in mods  # the read did happen, through the batch reader
+        assert sorted(mods & set(NEVER) - (set() if got["aot"] else {"numba"})) == [], order
+        if got["aot"]:  # the compiled kernels serve: numba stays out (without them the JIT needs it)
+            assert not [m for m in mods if m.startswith(("numba", "llvmlite"))]

@@ -1,0 +1,106 @@
+"""Loader(num_workers="auto"): the choice is a valid worker count with its reason in stats(), and the
+batches are exactly those of num_workers=0 whatever is chosen (0 workers, or workers started after the
+probe, mid-epoch). The decision rule itself is checked on given measurements."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from loader_helpers import keys_of
+from shardfeed.formats import ShardWriter
+from shardfeed.loader import Loader, ShardDataset, autotune
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    d = tmp_path_factory.mktemp("auto")
+    with ShardWriter(str(d), format="tar", max_shard_samples=60) as w:
+        for i in range(480):
+            w.write({"__key__": f"{i:05d}", "bin": bytes([i % 251]) * (32 + i % 50), "cls": i})
+    return str(d)
+
+
+def _slow(sample):  # makes reading a visible part of the step, so "auto" has a reason to start workers
+    time.sleep(0.0005)
+    return sample
+
+
+def _batches(root, workers, consume_s=0.0, epochs=1):
+    ds = ShardDataset(root, shuffle="global", seed=3, transform=_slow)
+    with Loader(ds, batch_size=16, num_workers=workers) as loader:
+        out = []
+        for _ in range(epochs):
+            for b in loader:
+                out.append((list(b["__key__"]), list(b["bin"]), b["cls"].tolist()))
+                time.sleep(consume_s)  # the training step
+        return out, loader.stats(), loader.num_workers
+
+
+def test_auto_delivers_the_batches_of_zero_workers_when_it_starts_workers(root, monkeypatch):
+    monkeypatch.setattr(autotune, "free_cores", lambda: (8, 0.0, 7.0))  # a quiet 8-core machine
+    ref, _, _ = _batches(root, 0, epochs=2)
+    got, stats, chosen = _batches(root, "auto", consume_s=0.01, epochs=2)
+    assert got == ref
+    a = stats["autotune"]
+    assert a["requested"] == "auto" and a["chosen"] == chosen
+    assert 1 <= chosen <= autotune.MAX_WORKERS
+    assert a["reason"].startswith(f"{chosen} workers:") and "ms to make a batch" in a["reason"]
+    assert stats["batches"] == len(ref) and stats["samples"] == 2 * 480
+
+
+def test_auto_stays_in_process_without_a_free_core_and_delivers_the_same(root, monkeypatch):
+    monkeypatch.setattr(autotune, "free_cores", lambda: (2, 9.0, 0.0))  # a busy 2-core machine
+    ref, _, _ = _batches(root, 0)
+    got, stats, chosen = _batches(root, "auto", consume_s=0.01)
+    assert got == ref and chosen == 0
+    assert stats["autotune"]["chosen"] == 0 and "no core free" in stats["autotune"]["reason"]
+
+
+def test_auto_resumes_like_any_loader(root, monkeypatch):
+    monkeypatch.setattr(autotune, "free_cores", lambda: (8, 0.0, 7.0))
+    ref, _, _ = _batches(root, 0)
+    ds = ShardDataset(root, shuffle="global", seed=3, transform=_slow)
+    with Loader(ds, batch_size=16, num_workers="auto") as a:
+        it = iter(a)
+        first = []
+        for _ in range(5):
+            first.append(next(it))
+            time.sleep(0.01)  # a training step: the probe starts workers (checked below)
+        state = a.state_dict()
+        assert a.num_workers >= 1  # saved while workers made the batches; restored below at the choice of b
+    with Loader(ShardDataset(root, shuffle="global", seed=3, transform=_slow), batch_size=16,
+                num_workers="auto") as b:
+        b.load_state_dict(state)
+        rest = list(b)
+    assert keys_of(first) + keys_of(rest) == [k for keys, _, _ in ref for k in keys]
+
+
+def test_the_rule_picks_workers_from_the_stall_and_the_free_cores():
+    # reading 1% of the step: no workers
+    assert autotune.choose(0.0001, 0.01, 1000, 8, 0.0, 7.0)[0] == 0
+    # making takes 3x the step: 3 workers hide it, if the cores are free
+    n, why = autotune.choose(0.03, 0.01, 1000, 8, 0.0, 7.0)
+    assert n == 3 and "enough to hide making" in why and "75%" in why
+    assert autotune.choose(0.03, 0.01, 1000, 4, 2.0, 2.0)[0] == 2  # only 2 cores free
+    assert autotune.choose(10.0, 0.001, 1000, 64, 0.0, 63.0)[0] == autotune.MAX_WORKERS
+    n, why = autotune.choose(0.03, 0.01, 1000, 2, 3.0, 0.0)  # a busy machine: nothing free
+    assert n == 0 and "no core free" in why
+    # a few batches left: a worker's start would cost more than it saves
+    n, why = autotune.choose(0.03, 0.01, 3, 8, 0.0, 7.0)
+    assert n == 0 and "batches left" in why
+
+
+def test_free_cores_counts_this_process_and_keeps_one_core_for_it():
+    cpus, load, free = autotune.free_cores()
+    assert cpus >= 1 and load >= 0 and 0 <= free <= cpus - 1
+
+
+def test_num_workers_must_be_an_int_or_auto(root):
+    ds = ShardDataset(root)
+    for bad in ("many", -1, 1.5, True):
+        with pytest.raises(ValueError, match="num_workers=.* must be an int >= 0 or \"auto\""):
+            Loader(ds, batch_size=8, num_workers=bad)
+    assert np.isscalar(Loader(ds, batch_size=8, num_workers="auto").num_workers)

@@ -1,0 +1,207 @@
+"""`shardfeed bench images`: the ImageNet training read on real photographs: JPEG decode +
+RandomResizedCrop + flip -> uint8 CHW in the workers, images/s and images/s per core at 0 and 2 workers.
+
+    shardfeed bench images [--photos DIR] [--samples 2048] [--workers 0,2] [--repeat 3] [--out DIR]
+
+Data: the photographs in --photos (default: scikit-image's sample photos, ``skimage/data``, where
+scikit-image is installed; ``pip download --no-deps scikit-image`` and unzipping ``skimage/data/*`` gives
+the same without installing it), cut and resized to 500x375 (ImageNet's typical size) at random and
+re-encoded as JPEG quality 90, one sample each, 1,000 classes.
+
+Variants (each the same transform, loader/images.py RandomResizedCropFlip, batch 64):
+- **shardfeed**: tar shards, ``ShardDataset(decode=False, transform=...)`` + ``Loader``; at 224 without
+  draft (exact, what torchvision computes), and with pillow's draft at 128, 160 and 224 (the low-res
+  stages of progressive resizing, where libjpeg decodes at 1/2-1/8 scale);
+- **ImageFolder + PIL**: ``ROOT/CLASS/KEY.jpg`` read by a map-style Dataset that opens each file with PIL
+  and applies the transform without draft: what torchvision's ImageFolder + RandomResizedCrop +
+  RandomHorizontalFlip + PILToTensor does (torchvision itself is not installed here: its PyPI wheel
+  links the CUDA torch, so this is the same computation in plain PIL), ``DataLoader(shuffle=True)``;
+- **webdataset**: the same tar shards through ``wds.WebDataset(...).shuffle(1000).map(...)``, WebLoader.
+
+Per core = images/s / cores busy (1 at 0 workers, the workers' count otherwise). Passes alternate, median
+of --repeat; each pass counts every image and checks its shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import io
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+BATCH = 64
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = __doc__.strip().split("\n\n")[0]
+    parser.add_argument("--photos", default=None, help="folder of photographs (default: scikit-image's)")
+    parser.add_argument("--samples", type=int, default=2048)
+    parser.add_argument("--workers", default="0,2", help="comma-separated worker counts (default: %(default)s)")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--out", default="bench-results", help="folder for the results (default: %(default)s)")
+
+
+def _photos(given: str | None) -> list[str]:
+    folder = given
+    if folder is None:
+        try:
+            import skimage
+        except ImportError as e:
+            raise SystemExit("bench images: no --photos and scikit-image is not installed (pip download "
+                             "--no-deps scikit-image, unzip skimage/data, pass --photos DIR)") from e
+        folder = os.path.join(os.path.dirname(skimage.__file__), "data")
+    from PIL import Image
+    paths = [p for p in sorted(glob.glob(os.path.join(folder, "*"))) if p.lower().endswith((".jpg", ".png"))]
+    photos = [p for p in paths if Image.open(p).mode == "RGB" and min(Image.open(p).size) >= 300]
+    if not photos:
+        raise SystemExit(f"bench images: no RGB photographs of 300 px or more in {folder}")
+    return photos
+
+
+def _make_jpegs(photos: list[str], n: int) -> list[bytes]:
+    from PIL import Image
+    rng = np.random.default_rng(0)
+    images = [Image.open(p).convert("RGB") for p in photos]
+    out = []
+    for i in range(n):
+        img = images[i % len(images)]
+        w, h = img.size
+        cw = int(w * rng.uniform(0.6, 1.0))
+        ch = min(h, int(cw * 0.75))
+        left, top = int(rng.integers(0, w - cw + 1)), int(rng.integers(0, h - ch + 1))
+        crop = img.crop((left, top, left + cw, top + ch)).resize((500, 375), Image.BICUBIC)
+        if rng.random() < 0.5:
+            crop = crop.transpose(Image.FLIP_LEFT_RIGHT)
+        buf = io.BytesIO()
+        crop.save(buf, "JPEG", quality=90)
+        out.append(buf.getvalue())
+    return out
+
+
+def _write(folder: str, jpegs: list[bytes]) -> dict:
+    from shardfeed.formats import ShardWriter
+    tar = os.path.join(folder, "tar")
+    if not os.path.exists(os.path.join(tar, "index.arrow")):
+        with ShardWriter(tar, format="tar", max_shard_samples=-(-len(jpegs) // 8)) as w:
+            for i, j in enumerate(jpegs):
+                w.write({"__key__": f"{i:08d}", "jpg": j, "cls": i % 1000})
+    files = os.path.join(folder, "imagefolder")
+    if not os.path.isdir(files):
+        for i, j in enumerate(jpegs):
+            d = os.path.join(files, f"{i % 1000:04d}")
+            os.makedirs(d, exist_ok=True)
+            with open(os.path.join(d, f"{i:08d}.jpg"), "wb") as f:
+                f.write(j)
+    return {"tar": tar, "files": files}
+
+
+class ImageFolderPIL:
+    """ImageFolder's layout and reading in plain PIL, with the transform (module level: picklable)."""
+
+    def __init__(self, root: str, transform):
+        self.paths = sorted(glob.glob(os.path.join(root, "*", "*.jpg")))
+        self.transform = transform
+
+    def __len__(self):
+        return len(self.paths)
+
+    def __getitem__(self, i):
+        with open(self.paths[i], "rb") as f:
+            data = f.read()
+        return self.transform({"jpg": data})["jpg"], int(os.path.basename(os.path.dirname(self.paths[i])))
+
+
+def _wds_map(transform):
+    return lambda s: (transform({"jpg": s["jpg"]})["jpg"], int(s["cls"]))
+
+
+def _batches(variant: str, where: dict, size: int, draft: bool, workers: int):
+    from shardfeed.loader.images import RandomResizedCropFlip
+    t = RandomResizedCropFlip(size, draft=draft)
+    if variant == "shardfeed":
+        from shardfeed.loader import Loader, ShardDataset
+        with Loader(ShardDataset(where["tar"], shuffle="global", decode=False, transform=t), batch_size=BATCH,
+                    num_workers=workers) as loader:
+            for b in loader:
+                yield b["jpg"]
+        return
+    import torch
+    from torch.utils.data import DataLoader
+    if variant == "imagefolder":
+        for x, _ in DataLoader(ImageFolderPIL(where["files"], t), batch_size=BATCH, shuffle=True,
+                               num_workers=workers, generator=torch.Generator().manual_seed(0)):
+            yield x
+        return
+    import webdataset as wds
+    urls = sorted(glob.glob(os.path.join(where["tar"], "*.tar")))
+    ds = wds.WebDataset(urls, shardshuffle=len(urls), seed=0, empty_check=False).shuffle(1000).map(_wds_map(t))
+    for x, _ in wds.WebLoader(ds.batched(BATCH, partial=True), batch_size=None, num_workers=workers):
+        yield x
+
+
+def _pass(variant, where, size, draft, workers, n) -> dict:
+    t0 = time.perf_counter()
+    count = 0
+    for x in _batches(variant, where, size, draft, workers):
+        shape = tuple(x.shape) if hasattr(x, "shape") else (len(x), *np.asarray(x[0]).shape)
+        if shape[1:] != (3, size, size):
+            return {"status": f"FAILED: batch of shape {shape}"}
+        count += shape[0]
+    if count != n:
+        return {"status": f"FAILED: {count} images, expected {n}"}
+    return {"status": "ok", "rate": count / (time.perf_counter() - t0)}
+
+
+VARIANTS = [("shardfeed", 224, False), ("shardfeed", 224, True), ("shardfeed", 160, True), ("shardfeed", 128, True),
+            ("imagefolder", 224, False), ("webdataset", 224, False)]
+LABELS = {"shardfeed": "shardfeed", "imagefolder": "ImageFolder + PIL DataLoader (torchvision's computation)",
+          "webdataset": "webdataset"}
+
+
+def main(args: argparse.Namespace) -> int:
+    out = os.path.abspath(args.out)
+    photos = _photos(args.photos)
+    data = os.path.join(out, "data", f"images-{args.samples}")
+    os.makedirs(data, exist_ok=True)
+    where = _write(data, _make_jpegs(photos, args.samples))
+    workers = [int(w) for w in args.workers.split(",")]
+    runs: dict = {}
+    for _ in range(args.repeat):
+        for w in workers:
+            for v in VARIANTS:
+                try:
+                    r = _pass(*v[:1], where, v[1], v[2], w, args.samples)
+                except ImportError as e:
+                    r = {"status": f"skipped: cannot import ({e})"}
+                runs.setdefault((*v, w), []).append(r)
+    rows = []
+    for (v, size, draft, w), rs in runs.items():
+        bad = next((r for r in rs if r["status"] != "ok"), None)
+        rate = None if bad else statistics.median(r["rate"] for r in rs)
+        rows.append({"variant": v, "size": size, "draft": draft, "workers": w, "status": bad["status"] if bad else "ok",
+                     "images_per_s": rate, "per_core": rate / max(1, w) if rate else None})
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    report = {"samples": args.samples, "photos": [os.path.basename(p) for p in photos], "repeat": args.repeat,
+              "machine": f"{os.cpu_count()} cores, 1-min load {load:.1f} at the end", "rows": rows}
+    lines = [f"`shardfeed bench images`: {args.samples:,} JPEGs (500x375, quality 90) cut from {len(photos)} "
+             f"photographs ({', '.join(report['photos'])}), RandomResizedCrop + flip -> uint8 CHW in the workers, "
+             f"batch {BATCH}, median of {args.repeat} passes; {report['machine']}.", "",
+             "| variant | size | draft | workers | images/s | per core | status |", "|---|--:|---|--:|--:|--:|---|"]
+    for r in rows:
+        f = (lambda x: "–" if x is None else f"{x:,.0f}")
+        lines.append(f"| {LABELS[r['variant']]} | {r['size']} | {'yes' if r['draft'] else 'no'} | {r['workers']} "
+                     f"| {f(r['images_per_s'])} | {f(r['per_core'])} | {r['status']} |")
+    md = "\n".join(lines) + "\n"
+    with open(os.path.join(out, "bench_images.json"), "w") as fh:
+        json.dump(report, fh, indent=1)
+    with open(os.path.join(out, "bench_images.md"), "w") as fh:
+        fh.write("# shardfeed bench images\n\n" + md)
+    print(md)
+    print(f"bench images: wrote {out}/bench_images.md and .json", file=sys.stderr)
+    return 0 if all(r["status"] == "ok" or r["status"].startswith("skipped") for r in rows) else 1

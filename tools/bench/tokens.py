@@ -1,0 +1,166 @@
+"""`shardfeed bench tokens`: the LLM pre-training read: fixed windows of a pre-tokenized uint16 stream
+under global shuffle, shardfeed's token windows (loader/tokens.py) against a Megatron-style memory-mapped
+``.bin``/``.idx`` loop, in tokens/s and as a share of this machine's memory bandwidth.
+
+    shardfeed bench tokens [--tokens 33554432] [--window 2048] [--batch-size 32] [--workers 0,2]
+                           [--repeat 3] [--out DIR]
+
+- **shardfeed**: ``write_token_windows`` (8 tar shards), ``ShardDataset(shuffle="global")`` +
+  ``Loader``: each batch one ``(batch, window)`` uint16 tensor.
+- **Megatron-style**: the stream as one raw ``.bin`` (uint16) with an ``.idx`` of document offsets (here
+  one document), read through ``numpy.memmap``; a map-style torch Dataset returns window ``i`` as a
+  uint16 tensor (a copy out of the mapping, as Megatron's GPTDataset copies its sample), and a torch
+  DataLoader shuffles (``shuffle=True``, a seeded generator) and stacks. Megatron itself also builds
+  its shuffle and sample indices with a C++ helper; with one document of whole windows they are the
+  identity and a permutation, which is what this loop uses.
+- **Memory bandwidth**: ``numpy.copyto`` of a 256 MiB array (page-faulted first), bytes of the source
+  per second: the ceiling for moving tokens once.
+
+Every pass is checked: the sum of every delivered token (int64) must equal the stream's. Each variant is
+one pass per repeat (a fresh Loader, workers started inside the timing), variants alternating, median of
+the repeats. MosaicML Streaming's text path is not run here (it needs its own venv, see bench compare).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = __doc__.strip().split("\n\n")[0]
+    parser.add_argument("--tokens", type=int, default=1 << 25, help="tokens in the stream (default: 32 Mi = 64 MiB)")
+    parser.add_argument("--window", type=int, default=2048)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--workers", default="0,2", help="comma-separated worker counts (default: %(default)s)")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--out", default="bench-results", help="folder for the results (default: %(default)s)")
+
+
+class MegatronStyle:
+    """Window ``i`` of a memory-mapped ``.bin`` (module level so DataLoader workers can pickle it)."""
+
+    def __init__(self, bin_path: str, idx_path: str, window: int):
+        self.bin_path, self.window = bin_path, window
+        offsets = np.load(idx_path)  # document starts and the end, in tokens
+        self.n = int(offsets[-1]) // window
+        self._mm = None
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        import torch
+
+        if self._mm is None:  # opened in the process that reads (after a fork or spawn)
+            self._mm = np.memmap(self.bin_path, dtype=np.uint16, mode="r")
+        return torch.from_numpy(np.array(self._mm[i * self.window:(i + 1) * self.window]))
+
+
+def _write(folder: str, tokens: np.ndarray, window: int) -> dict:
+    from shardfeed.loader.tokens import write_token_windows
+
+    sf = os.path.join(folder, "shardfeed")
+    if not os.path.exists(os.path.join(sf, "index.arrow")):
+        n = len(tokens) // window
+        write_token_windows(sf, [tokens], window=window, max_shard_samples=-(-n // 8))
+    mg = os.path.join(folder, "megatron")
+    os.makedirs(mg, exist_ok=True)
+    tokens.tofile(os.path.join(mg, "data.bin"))
+    np.save(os.path.join(mg, "data.idx.npy"), np.array([0, len(tokens)], np.int64))
+    return {"shardfeed": sf, "megatron": (os.path.join(mg, "data.bin"), os.path.join(mg, "data.idx.npy"))}
+
+
+def _batches(variant: str, where, window: int, batch: int, workers: int):
+    if variant == "shardfeed":
+        from shardfeed.loader import Loader, ShardDataset
+        with Loader(ShardDataset(where, shuffle="global", seed=0), batch_size=batch, num_workers=workers) as ld:
+            for b in ld:
+                yield b["tokens.uint16"]
+        return
+    import torch
+    from torch.utils.data import DataLoader
+    yield from DataLoader(MegatronStyle(*where, window), batch_size=batch, shuffle=True, num_workers=workers,
+                          generator=torch.Generator().manual_seed(0))
+
+
+def _pass(variant, where, window, batch, workers, expected_sum) -> dict:
+    t0 = time.perf_counter()
+    total = count = 0
+    first = None
+    for x in _batches(variant, where, window, batch, workers):
+        a = x.numpy()
+        total += int(a.sum(dtype=np.int64))
+        count += a.size
+        if first is None:
+            first = (time.perf_counter(), count)
+    end = time.perf_counter()
+    if total != expected_sum:
+        return {"status": f"FAILED: token sum {total} != {expected_sum}"}
+    return {"status": "ok", "tokens": count, "whole": count / (end - t0),
+            "steady": (count - first[1]) / (end - first[0]) if end > first[0] else None}
+
+
+def copy_gb_s(nbytes: int = 256 << 20) -> float:
+    src = np.ones(nbytes, np.uint8)
+    dst = np.zeros(nbytes, np.uint8)
+    best = 0.0
+    for _ in range(3):
+        t = time.perf_counter()
+        np.copyto(dst, src)
+        best = max(best, nbytes / (time.perf_counter() - t))
+    return best / 1e9
+
+
+def main(args: argparse.Namespace) -> int:
+    out = os.path.abspath(args.out)
+    data = os.path.join(out, "data", f"tokens-{args.tokens}-w{args.window}")
+    os.makedirs(data, exist_ok=True)
+    workers = [int(w) for w in args.workers.split(",")]
+    n = args.tokens // args.window * args.window
+    tokens = (np.random.default_rng(0).integers(0, 50257, n)).astype(np.uint16)
+    expected = int(tokens.sum(dtype=np.int64))
+    where = _write(data, tokens, args.window)
+    bw = copy_gb_s()
+    runs: dict = {}
+    for _ in range(args.repeat):
+        for w in workers:
+            for v in ("shardfeed", "megatron"):
+                runs.setdefault((v, w), []).append(_pass(v, where[v], args.window, args.batch_size, w, expected))
+    rows = []
+    for (v, w), rs in runs.items():
+        bad = next((r for r in rs if r["status"] != "ok"), None)
+        row = {"variant": v, "workers": w, "status": bad["status"] if bad else "ok"}
+        if not bad:
+            for k in ("whole", "steady"):
+                vals = [r[k] for r in rs if r.get(k)]
+                row[k] = statistics.median(vals) if vals else None
+            row["share_of_copy"] = row["steady"] * 2 / (bw * 1e9) if row.get("steady") else None
+        rows.append(row)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    report = {"tokens": n, "window": args.window, "batch_size": args.batch_size, "repeat": args.repeat,
+              "copy_gb_s": bw, "machine": f"{os.cpu_count()} cores, 1-min load {load:.1f} at the end", "rows": rows}
+    labels = {"shardfeed": "shardfeed token windows (global shuffle)",
+              "megatron": "Megatron-style .bin/.idx memmap + DataLoader(shuffle=True)"}
+    lines = [f"`shardfeed bench tokens`: {n:,} uint16 tokens, windows of {args.window:,}, batch {args.batch_size}, "
+             f"median of {args.repeat} passes; numpy copy {bw:.2f} GB/s; {report['machine']}.", "",
+             "| variant | workers | whole pass tokens/s | steady tokens/s | steady share of copy bandwidth | status |",
+             "|---|--:|--:|--:|--:|---|"]
+    for r in rows:
+        f = (lambda v, s=",.0f": "–" if v is None else format(v, s))
+        lines.append(f"| {labels[r['variant']]} | {r['workers']} | {f(r.get('whole'))} | {f(r.get('steady'))} "
+                     f"| {f(r.get('share_of_copy'), '.1%')} | {r['status']} |")
+    md = "\n".join(lines) + "\n"
+    with open(os.path.join(out, "bench_tokens.json"), "w") as fh:
+        json.dump(report, fh, indent=1)
+    with open(os.path.join(out, "bench_tokens.md"), "w") as fh:
+        fh.write("# shardfeed bench tokens\n\n" + md)
+    print(md)
+    print(f"bench tokens: wrote {out}/bench_tokens.md and .json", file=sys.stderr)
+    return 0 if all(r["status"] == "ok" for r in rows) else 1
