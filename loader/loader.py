@@ -28,6 +28,7 @@ import torch
 from shardfeed.formats.split_gather import threads_allowed
 from shardfeed.loader import state as _state
 from shardfeed.loader.audit import AuditRecorder
+from shardfeed.loader.batch_seeds import set_batch
 from shardfeed.loader.collate import check_bytes_as, materialize
 from shardfeed.loader.dataset import ShardDataset
 from shardfeed.loader.schedule import BatchSchedule, Stage
@@ -190,6 +191,7 @@ class Loader:
         for item in feed:
             if hint is not None:
                 hint(item.plan, item.start, item.stop)
+            set_batch(maker, self._batch_key(item))
             cols, info = maker.make(item.ids(), item.image_size)
             yield item, cols, info
 
@@ -213,13 +215,20 @@ class Loader:
                     pool.set_plan(item.plan)
                     sent_plan = item.plan
                 pool.submit(worker_of(item.step, W), item.step, item.start, item.stop, (item.step // W) % P,
-                            item.image_size)
+                            item.image_size, self._batch_key(item))
                 pending.append(item)
             if not pending:
                 return
             item = pending.popleft()
             cols, info = pool.receive(worker_of(item.step, W), item.step, (item.step // W) % P)
             yield item, cols, info
+
+    def _batch_key(self, item) -> tuple[int, ...]:
+        """What seeds this step's transform draws (batch_seeds.py): (seed, epoch, step, rank),
+        plus the epoch's resizes when an elastic resume restarted its step count."""
+        key = (self.dataset.seed, item.epoch, item.step, self.feed.rank)
+        resizes = len(item.state.get("history") or ())
+        return key + (resizes,) if resizes else key
 
     def _account(self, info: dict, resumed: float, t1: float) -> None:
         st = self._stats

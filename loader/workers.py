@@ -4,7 +4,8 @@ Batch ``b`` of an epoch always goes to worker ``b % num_workers`` and the
 main process takes results in batch order, so the order never depends on the
 number of workers. A worker gets the epoch's plan once per iteration
 (``("plan", plan)``: ~1.4 KB pickled) and then only ``(b, start, stop,
-slot, image_size)`` per batch, computing the sample ids itself: the main
+slot, image_size, key)`` per batch (key: what seeds the batch's transform,
+batch_seeds.py), computing the sample ids itself: the main
 process neither computes nor pickles them (~45 us per batch of 256 there).
 Results are values: ``("ok", b, header, info)`` or
 ``("err", b, exception, traceback text)``; an exception raised in a worker is
@@ -30,6 +31,7 @@ from multiprocessing.connection import wait
 
 from shardfeed.formats import ShardError
 from shardfeed.loader import shm
+from shardfeed.loader.batch_seeds import in_worker, set_batch
 from shardfeed.loader.errors import WorkerError
 
 _PARENT_CHECK_S = 1.0
@@ -54,6 +56,7 @@ def _worker_main(wid: int, make_maker, tasks, results, prefix: str, slots: int, 
     except Exception:
         pass
     maker = make_maker()
+    in_worker(maker)
     warm = getattr(make_maker, "warm", None)
     if warm is not None:  # load jitted code now, in parallel with the other workers
         warm(maker)
@@ -78,8 +81,9 @@ def _worker_main(wid: int, make_maker, tasks, results, prefix: str, slots: int, 
             if msg[0] == "plan":
                 plan = msg[1]
                 continue
-            b, start, stop, slot, image_size = msg
+            b, start, stop, slot, image_size, key = msg
             try:
+                set_batch(maker, key)
                 ids = plan.positions(start, stop)
                 hint = getattr(maker, "hint", None)
                 if hint is not None:
@@ -166,12 +170,13 @@ class WorkerPool:
             except (BrokenPipeError, OSError):
                 self._raise_dead(w, -1)
 
-    def submit(self, w: int, b: int, start: int, stop: int, slot: int, image_size) -> None:
-        """Batch ``b``: positions ``start:stop`` of the current plan, into ``slot``."""
+    def submit(self, w: int, b: int, start: int, stop: int, slot: int, image_size, key=None) -> None:
+        """Batch ``b``: positions ``start:stop`` of the current plan, into ``slot``; ``key``
+        seeds its transform's draws (batch_seeds.py)."""
         if self._closed:
             raise RuntimeError("the loader's workers are closed")
         try:
-            self.tasks[w].send((b, start, stop, slot, image_size))
+            self.tasks[w].send((b, start, stop, slot, image_size, key))
         except (BrokenPipeError, OSError):
             self._raise_dead(w, b)
         self.outstanding[w] += 1
