@@ -46,6 +46,7 @@ class LogView:
 
     shards: list
     end: int | None
+    fields: tuple = ()  # field names the shards' commits record, first seen first
 
     @property
     def last_seq(self) -> int | None:
@@ -80,6 +81,13 @@ def _shard(rec: dict, path: str) -> ShardInfo:
     return info
 
 
+def _fields(rec: dict, path: str) -> list:
+    got = rec.get("fields", [])
+    if not isinstance(got, list) or len(got) > 4096 or not all(isinstance(f, str) and 0 < len(f) <= 256 for f in got):
+        raise ShardError(path, f"commit log entry has a bad fields list {str(got)[:200]}")
+    return got
+
+
 def _seqs(log: str) -> list[int]:
     try:
         names = os.listdir(log)
@@ -92,7 +100,7 @@ def read_commits(root: str, after: int = 0) -> LogView:
     """Commits with sequence number > ``after``. Anything committed after an
     end (only a damaged or hand-edited log has that) is an error."""
     log = os.path.join(root, LOG_DIR)
-    shards, end = [], None
+    shards, end, fields = [], None, {}
     for seq in _seqs(log):
         if seq <= after:
             continue
@@ -105,7 +113,8 @@ def read_commits(root: str, after: int = 0) -> LogView:
             end = seq
         else:
             shards.append((seq, _shard(rec, path)))
-    return LogView(shards, end)
+            fields.update(dict.fromkeys(_fields(rec, path)))
+    return LogView(shards, end, tuple(fields))
 
 
 def read_log(root: str, after: int = 0) -> list[tuple[int, ShardInfo]]:
@@ -159,11 +168,14 @@ def _commit(root: str, record: dict, what: str) -> int:
         os.unlink(tmp)
 
 
-def publish(root: str, info: ShardInfo) -> int:
+def publish(root: str, info: ShardInfo, fields=()) -> int:
     """Commit one completely written shard to a live dataset; returns its sequence number.
-    ShardError once the stream has ended."""
+    ``fields``: the sample fields written so far (the index lists them). ShardError once the stream has ended."""
     check_shard_name(info.name, root)
-    return _commit(root, dict(info.__dict__), f"shard {info.name}")
+    record = dict(info.__dict__)
+    if fields:
+        record["fields"] = list(fields)
+    return _commit(root, record, f"shard {info.name}")
 
 
 def end_stream(root: str) -> int:
@@ -189,6 +201,7 @@ def open_stream_index(root: str) -> tuple[DatasetIndex, LogView]:
         raise ShardError(root, f"not a growing dataset: no {INDEX_NAME} and no commit log ({LOG_DIR}/); "
                                "create it with ShardWriter(root, append=True)")
     view = read_commits(root, after=log_seq)
+    fields = list(dict.fromkeys([*fields, *view.fields]))
     entries = view.shards
     if entries:
         names = list(names) + [e.name for _, e in entries]

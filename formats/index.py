@@ -303,7 +303,12 @@ def open_index(source, follow_log: bool = True, on_error: str = "raise") -> Data
             if not shards:
                 raise ShardError(root, f"no {INDEX_NAME}, no commit log and no tar shards here")
             return _scan_foreign(root, shards, on_error)
-    entries = read_log(root, after=log_seq) if follow_log else []
+    entries = []
+    if follow_log:
+        from shardfeed.formats.commit_log import read_commits  # it builds on this module
+
+        view = read_commits(root, after=log_seq)
+        entries, fields = view.shards, list(dict.fromkeys([*fields, *view.fields]))
     if entries:
         names = list(names) + [e.name for _, e in entries]
         formats = list(formats) + [e.format for _, e in entries]
