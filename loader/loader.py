@@ -86,9 +86,10 @@ class Loader:
             pin_memory = False
         self.pin_memory = pin_memory
         self.bytes_as = check_bytes_as(bytes_as)
-        if multiprocessing_context is None and getattr(dataset, "remote", False):
-            # fsspec's async clients (http, s3) hold an event-loop thread a forked worker lacks: it can hang
-            multiprocessing_context = "spawn"
+        # Remote datasets fork workers too (a script without a __main__ guard works as with a
+        # local path): fsspec's event-loop thread does not come along, so each worker makes its
+        # own filesystems after the fork (cache/sources.py), and the pool forks before the
+        # prefetch threads start (_iterate).
         self.mp_context = multiprocessing_context
         self.policy = dataset.policy
         # The feed runs ahead of the consumer (prefetch); this is the feed's
@@ -143,7 +144,13 @@ class Loader:
         feed.reset(self._pos)
         self.dataset.image_size = feed.stage().image_size
         if self._cache is not None:
-            self._cache.start(self._pos)
+            if self.num_workers and self._cache.prefetcher is None:
+                self._start_pool()  # fork while no prefetch thread runs (one could hold a lock the child needs)
+            try:
+                self._cache.start(self._pos)
+            except BaseException:
+                self._shutdown_pool()
+                raise
         st = self._stats
         st.start_epoch(self.epoch, fresh=self._pos["step"] == 0)
         st.started = time.perf_counter()

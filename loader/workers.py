@@ -26,6 +26,7 @@ import multiprocessing as mp
 import os
 import pickle
 import select
+import sys
 import traceback
 from multiprocessing.connection import wait
 
@@ -110,6 +111,7 @@ class WorkerPool:
             context = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
         ctx = mp.get_context(context) if isinstance(context, str) else context
         forked = ctx.get_start_method() == "fork"
+        self.start_method = ctx.get_start_method()
         # a forkserver child's parent is the server, not us: it notices our
         # death by EOF on its task pipe instead
         parent = None if ctx.get_start_method() == "forkserver" else os.getpid()
@@ -224,7 +226,16 @@ class WorkerPool:
         how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
         self.close()
         raise WorkerError(f"loader worker {w} (pid {p.pid}) {how} while the main process waited for batch {b}; "
-                          "the epoch cannot continue (resume from the last state_dict())")
+                          f"the epoch cannot continue (resume from the last state_dict()){self._spawn_hint(code)}")
+
+    def _spawn_hint(self, code) -> str:
+        main = sys.modules.get("__main__")
+        if code != 1 or self.start_method == "fork" or not getattr(main, "__file__", None):
+            return ""
+        # the usual cause: a spawned child imports the script again and starts a Loader of its own
+        return (f". Workers started with {self.start_method!r} import the main script ({main.__file__}) again: "
+                "put the code that builds and iterates the Loader under `if __name__ == \"__main__\":`, or pass "
+                "multiprocessing_context=\"fork\"")
 
     def drain(self) -> None:
         """Discard results of an abandoned iteration so the next one starts clean."""
