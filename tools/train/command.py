@@ -77,7 +77,11 @@ def _check(args) -> str | None:
     try:
         check_options(args)
         for source, follow in ((args.data, args.follow), (args.eval_data, False)):
-            if source and not is_url(source):  # a URL's index comes through the cache, inside the ranks
+            if source and is_url(source):  # a URL's index comes through the cache, inside the ranks
+                from shardfeed.cache.sources import check_url
+
+                check_url(source)
+            elif source:
                 field = check_data(source, follow=follow, field=args.image_field)
                 args.image_field = args.image_field or field
     except (ValueError, ShardError) as e:

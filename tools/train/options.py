@@ -146,7 +146,9 @@ def check_options(args) -> None:
 
 
 def is_url(source: str) -> bool:
-    return "://" in source and not source.startswith("file://")
+    from shardfeed.cache.sources import scheme_of
+
+    return scheme_of(source) not in ("", "file")  # "pipe:cmd" too: refused by check_url
 
 
 def check_data(path: str, follow: bool = False, field: str | None = None) -> str | None:
