@@ -5,7 +5,7 @@ how to reach the source. It is plain data, so it pickles to spawned workers;
 ``spec.open()`` gives this process's one ShardCache (a forked child gets its
 own, never its parent's).
 
-``CachedShards`` is the path resolver a BatchReader (formats/batch.py) takes:
+``CachedShards`` is the path resolver a BatchReader (formats/engine/batch.py) takes:
 ``path_of(s)`` returns the local file of shard ``s``, fetched and verified
 against the index hash if need be, and *pins* it (a shared flock), so no
 process on the node evicts a file a reader holds open; ``release(s)`` unpins

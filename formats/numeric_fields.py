@@ -84,7 +84,7 @@ def numeric_column(ext: str, buf: np.ndarray, starts: np.ndarray, sizes: np.ndar
     sample has the field with the same byte length (a whole number of
     elements), gathered by the jitted copy straight from the batch buffer; None
     otherwise (the caller decodes one by one: a list, or the error per sample)."""
-    from shardfeed.formats.kernels import copy_ranges
+    from shardfeed.formats.engine.kernels import copy_ranges
 
     dtype = numeric_dtype(ext)
     n = len(starts)

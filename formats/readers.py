@@ -23,8 +23,8 @@ import pyarrow.parquet as pq
 import xxhash
 import zstandard
 
-from shardfeed.formats import decompress_ahead, decompressed
 from shardfeed.formats.arrow_checksums import check_batch
+from shardfeed.formats.engine import decompress_ahead, decompressed
 from shardfeed.formats.errors import ShardError
 from shardfeed.formats.files import check_regular, open_regular
 from shardfeed.formats.sidecar import SIDECAR_SUFFIX, SampleTable, read_sidecar, sample_checksum, scan_tar

@@ -18,8 +18,8 @@ import tarfile
 
 import numpy as np
 
+from shardfeed.formats.compiler.jit import njit
 from shardfeed.formats.errors import ShardError
-from shardfeed.formats.jit import njit
 
 BLOCK = 512
 

@@ -45,6 +45,7 @@ import numpy as np
 
 VERSION = 1
 _CHUNK = 1 << 20
+ID_CHUNK = _CHUNK  # ids a feed hands ``distinct`` at a time (bounds its memory)
 _EXAMPLES = 20
 
 
@@ -73,6 +74,14 @@ def popcount(bits: np.ndarray) -> int:
         int(np.unpackbits(bits[i:i + _CHUNK]).sum()) for i in range(0, bits.size, _CHUNK))
 
 
+def distinct(n: int, chunks) -> int:
+    """Distinct ids among ``chunks`` (arrays of ids in [0, n)), counted in a bitmap."""
+    bits = _bits(n)
+    for ids in chunks:
+        mark(bits, ids)
+    return popcount(bits)
+
+
 def encode(bits: np.ndarray) -> str:
     return base64.b64encode(zlib.compress(bits.tobytes(), 1)).decode("ascii")
 
@@ -86,33 +95,15 @@ def decode(text: str, n: int, where: str) -> np.ndarray:
 
 
 class AuditRecorder:
-    """One rank's delivery record over a Loader's feed (epoch or mixture feed)."""
+    """One rank's delivery record over a Loader's feed: what it records per source and
+    what it expects come from the feed (``audit_sources`` / ``audit_expect``)."""
 
-    def __init__(self, feed, dataset=None):
+    def __init__(self, feed):
         self.feed = feed
-        self.kind = getattr(feed, "kind", "epoch")
-        if self.kind == "mixture":
-            mx = feed.mixture
-            self.names, self.sizes = list(mx.names), list(mx.sizes)
-            self._split = mx.source_of
-        elif self.kind == "epoch":
-            self.names, self.sizes = [str(getattr(dataset, "source", "dataset"))], [feed.spec.num_samples]
-            self._split = None
-        elif self.kind == "follow":
-            if feed.replay:
-                raise NotImplementedError(f"{feed.root}: audit of a followed stream with replay={feed.replay} is "
-                                          "not built (replayed samples are drawn with repeats); audit without replay")
-            self.names, self.sizes = [feed.root], [feed.log.total]
-            self._split = None
-        elif self.kind == "mixture-stream":
-            mx = feed.mixture
-            self.names, self.sizes = list(mx.names), list(mx.sizes)
-            self._split = mx.source_of
-        else:
-            raise NotImplementedError(f"audit of a {self.kind} feed is not built")
-        # the followed source (its bitmap grows; its expectation is the consumed prefix)
-        self.stream = {"follow": 0, "mixture-stream": getattr(getattr(feed, "mixture", None), "stream", None)}.get(
-            self.kind)
+        self.kind = feed.kind
+        src = feed.audit_sources()
+        self.names, self.sizes, self._split = list(src.names), list(src.sizes), src.split
+        self.stream = src.stream  # the followed source (its bitmap grows; its expectation is the consumed prefix)
         self.epochs: dict[int, dict] = {}
 
     def _epoch(self, item) -> dict:
@@ -121,45 +112,14 @@ class AuditRecorder:
         if rec is None:
             rec = self.epochs[e] = {"bits": [_bits(n) for n in self.sizes], "delivered": [0] * len(self.sizes),
                                     "extra": [0] * len(self.sizes), "examples": [[] for _ in self.sizes],
-                                    "expect": self._expect(item), "complete": False, "last_step": -1}
+                                    "expect": self.feed.audit_expect(item), "complete": False, "last_step": -1}
         return rec
-
-    def _expect(self, item) -> dict:
-        plan = item.plan
-        if self.stream is not None:
-            return self._stream_expect(item)
-        if self.kind == "epoch":
-            unique = plan.total_samples - plan.dropped
-            return {"delivered": [unique], "unique": [unique], "padded": plan.padded}
-        uniq = []
-        for i, n in enumerate(self.sizes):
-            c, start = plan.counts[i], plan.starts[i]
-            if c >= 2 * n or (c >= n and start % n == 0):
-                uniq.append(n)
-                continue
-            bits = _bits(n)
-            for p in range(start, start + c, _CHUNK):
-                mark(bits, plan.source_ids(i, p, min(start + c, p + _CHUNK)))
-            uniq.append(popcount(bits))
-        return {"delivered": list(plan.counts), "unique": uniq, "padded": self.feed.padded(item.epoch)}
-
-    def _stream_expect(self, item) -> dict:
-        """The consumed prefix after ``item``: from the feed's state it carries."""
-        st = item.state
-        wm = int(st["watermark"]["samples"])
-        tail = getattr(item.plan, "tail", 0)
-        padded = max(0, self.feed.world_size - tail) if tail else 0
-        if self.kind == "follow":
-            return {"delivered": [wm], "unique": [wm], "padded": padded}
-        at = [wm if i == self.stream else int(p) for i, p in enumerate(st["fixed_at"])]
-        uniq = [wm if i == self.stream else min(p, n) for i, (p, n) in enumerate(zip(at, self.sizes))]
-        return {"delivered": at, "unique": uniq, "padded": padded}
 
     def record(self, item) -> None:
         rec = self._epoch(item)
         ids = np.asarray(item.ids(), np.int64)
         if self.stream is not None and item.step >= rec["last_step"]:
-            rec["expect"] = self._stream_expect(item)
+            rec["expect"] = self.feed.audit_expect(item)
             need = (rec["expect"]["unique"][self.stream] + 7) // 8
             bits = rec["bits"][self.stream]
             if bits.size < need:  # the stream grew: grow its bitmap (geometrically, trimmed in state())

@@ -2,7 +2,7 @@
 
 This is the unit of work of a worker process (and of the main process when
 ``num_workers=0``). Without a user ``transform`` or ``collate_fn`` no sample
-dict is ever built: the batch is read as one buffer (formats.batch), ints are
+dict is ever built: the batch is read as one buffer (formats.engine.batch), ints are
 parsed by a jitted loop into one int64 array, bytes stay in the buffer (and
 cross to the main process as it is); only codecs that produce Python objects
 (text, json, npy, images) decode sample by sample.
@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from shardfeed.formats import ShardError, codec_of, decode_field
-from shardfeed.formats.batch import BatchReader, RawBatch, parse_ints
+from shardfeed.formats.engine.batch import BatchReader, RawBatch, parse_ints
 from shardfeed.formats.errors import ReadError
 from shardfeed.loader.batch_seeds import generator, seeded
 from shardfeed.loader.collate import Blob, Strs, collate_column, default_collate, gathered_column
@@ -70,7 +70,7 @@ class BatchMaker:
         self.stride = 1  # steps between this reader's batches (its Loader's num_workers)
         self._compressed = sum(f in ("tar.gz", "tar.zst") for f in index.formats)
         if cached is None and self._compressed:
-            from shardfeed.formats.decompress_ahead import DecompressAhead
+            from shardfeed.formats.engine.decompress_ahead import DecompressAhead
 
             self.ahead = DecompressAhead()
 
@@ -93,7 +93,7 @@ class BatchMaker:
         next ones are ``stride`` batches apart: start decompressing their shards."""
         if self.ahead is None or stop <= start:
             return
-        from shardfeed.formats.decompress_ahead import upcoming
+        from shardfeed.formats.engine.decompress_ahead import upcoming
 
         views = self.reader.shards.views
         if len(views) >= self._compressed:

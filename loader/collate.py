@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from shardfeed.formats.codecs import codec_of, decode_npy
-from shardfeed.formats.kernels import copy_ranges
+from shardfeed.formats.engine.kernels import copy_ranges
 from shardfeed.formats.numeric_fields import numeric_column
 from shardfeed.loader import heap
 from shardfeed.loader.views import BYTES_AS, check_bytes_as, jagged_view, tensor_views

@@ -10,6 +10,7 @@ sample dicts unless a transform or collate_fn asks for them.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -18,15 +19,17 @@ import numpy as np
 import torch.utils.data
 
 from shardfeed.formats import ShardError, open_index
-from shardfeed.formats.batch import check_read_mode
 from shardfeed.formats.commit_log import open_stream_index
+from shardfeed.formats.engine.batch import check_read_mode
 from shardfeed.formats.errors import ReadError
+from shardfeed.formats.index import INDEX_NAME, LOG_DIR, DatasetIndex
 from shardfeed.loader import state as _state
 from shardfeed.loader import topology as _topology
 from shardfeed.loader.batcher import BatchMaker
 from shardfeed.loader.errors import ErrorPolicy
-from shardfeed.loader.feed import EpochFeed
-from shardfeed.loader.follow import IDLE_TIMEOUT_S, POLL_S, FollowFeed, FollowMaker
+from shardfeed.loader.feeds.epoch import EpochFeed
+from shardfeed.loader.feeds.follow import FollowFeed
+from shardfeed.loader.feeds.stream_log import IDLE_TIMEOUT_S, POLL_S, RegrowMaker, stream_index
 from shardfeed.loader.schedule import BatchSchedule
 from shardfeed.shuffling import Order
 from shardfeed.shuffling.spec import Job, PlanSpec
@@ -72,7 +75,7 @@ class ShardDataset(torch.utils.data.IterableDataset):
     inside each unless ``shuffle="none"``), waits for new commits (polling
     every ``poll_s``; ShardError after ``idle_timeout_s`` without one) and
     ends at the end commit (``ShardWriter.end_stream()``); see
-    loader/follow.py for the dealing and end rules. The whole stream is one
+    loader/feeds/follow.py for the dealing and end rules. The whole stream is one
     epoch; ``len()`` is undefined. ``replay`` (a fraction in [0, 1)) fills
     that share of each global batch with older samples, drawn from the last
     ``window`` commits (None: all history), deterministically from the seed.
@@ -147,7 +150,7 @@ class ShardDataset(torch.utils.data.IterableDataset):
             if locality:
                 raise ValueError("locality=True is not available with follow=True (a stream is dealt by "
                                  "global batch in commit order); drop one of them")
-            self.index = open_stream_index(_local_folder(source))[0]  # may be empty: samples come later
+            self.index = _stream_index(_local_folder(source))  # may be empty: samples come later
         else:
             self.index = open_index(source, on_error=on_error)
             # a foreign tar that cannot be scanned is left out under skip: logged once, like any bad shard
@@ -188,6 +191,15 @@ class ShardDataset(torch.utils.data.IterableDataset):
                     "replay": self.replay, "window": self.window}
         return _state.fingerprint(self)
 
+    def identity(self) -> dict:
+        """The data's content, named in a saved state beside the fingerprint: the index's
+        content digest (a followed stream's identity is its first shard, known to its feed)."""
+        if self.follow:
+            return {}
+        if self.__dict__.get("_digest") is None:
+            self._digest = _state.index_digest(self.index)
+        return {"digest": self._digest}
+
     def feed(self, schedule: BatchSchedule) -> EpochFeed | FollowFeed:
         """This rank's feed under ``schedule`` (what a Loader reads from):
         epochs of a fixed dataset, or the stream of a followed one."""
@@ -199,7 +211,7 @@ class ShardDataset(torch.utils.data.IterableDataset):
                               poll_s=self.poll_s, idle_timeout_s=self.idle_timeout_s, replay=self.replay,
                               window=self.window)
         return EpochFeed(self.spec, schedule, t.rank, t.world_size, t.ranks_per_node, self.fingerprint(),
-                         epoch=self.epoch)
+                         epoch=self.epoch, identity=self.identity(), name=str(self.source))
 
     def unbatched_plan(self, epoch: int | None = None):
         """This rank's plan for reading sample by sample (a plain torch DataLoader, ``len()``)."""
@@ -240,7 +252,7 @@ class ShardDataset(torch.utils.data.IterableDataset):
         return self.index.path(i)
 
     def maker(self, collate_fn: Callable | None = None, decode: bool | None = None,
-              readers: int = 1) -> BatchMaker | FollowMaker:
+              readers: int = 1) -> BatchMaker | RegrowMaker:
         """What reads this dataset's batches in one process; ``readers``: how many
         processes read at once (sizes what each keeps open in the cache)."""
         cached = None
@@ -251,7 +263,11 @@ class ShardDataset(torch.utils.data.IterableDataset):
         maker = BatchMaker(self.index, decode=self.decode if decode is None else decode, transform=self.transform,
                            collate_fn=collate_fn, policy=self.policy, read_mode=self.read_mode, cached=cached,
                            readers=readers)
-        return FollowMaker(maker, self.index.root) if self.follow else maker
+        if not self.follow:
+            return maker
+        root = self.index.root
+        return RegrowMaker(maker, functools.partial(stream_index, root), root,
+                           "sample {id} is not published ({n} samples in the index and log): the log lost commits?")
 
     # -- iteration (sample dicts, for a plain torch DataLoader) ---------
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -283,10 +299,18 @@ def _is_url(source: str) -> bool:
 
 def _local_folder(source: str) -> str:
     folder = source.removeprefix("file://")
-    if not os.path.isdir(folder):
+    if os.path.exists(folder) and not os.path.isdir(folder):
         raise ShardError(source, "follow=True needs the folder of a growing dataset (ShardWriter(append=True)); "
-                                 "no such folder")
+                                 "this is not a folder")
     return folder
+
+
+def _stream_index(folder: str) -> DatasetIndex:
+    """What a followed folder has published; empty while no dataset is there yet (a follower
+    may start before its writer: its feed waits for the dataset under the idle timeout)."""
+    if not (os.path.exists(os.path.join(folder, INDEX_NAME)) or os.path.isdir(os.path.join(folder, LOG_DIR))):
+        return DatasetIndex(folder, [], [], [], [], [], (), {"folded_seq": 0, "seen_seq": 0})
+    return open_stream_index(folder)[0]
 
 
 def _as_samples(samples: list[dict]) -> list[dict]:

@@ -1,7 +1,7 @@
 """Loader: batches of a ShardDataset, prefetched by worker processes, resumable.
 
 The Loader only delivers. What comes next is the feed's business
-(feed.py: epochs, steps, stages, elastic history); the Loader asks it for
+(loader/feeds/: epochs, steps, stages, elastic history, streams); the Loader asks it for
 work items, hands step ``s`` to worker ``s % num_workers`` (workers.py),
 which reads, decodes and collates it into a shared-memory slot (shm.py),
 and takes batches back in step order, so the sequence is the same for any
@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from shardfeed.formats.split_gather import threads_allowed
+from shardfeed.formats.engine.split_gather import threads_allowed
 from shardfeed.loader import state as _state
 from shardfeed.loader.audit import AuditRecorder
 from shardfeed.loader.batch_seeds import set_batch
@@ -106,7 +106,7 @@ class Loader:
         self._closed = False
         self._gen = 0  # iteration generation: an older iterator stops when a new one starts
         # audit=True records what this rank delivered, a bit per sample (audit.py)
-        self._audit = AuditRecorder(self.feed, dataset) if audit else None
+        self._audit = AuditRecorder(self.feed) if audit else None
 
     # -- epochs and stages ---------------------------------------------
     def stage(self, epoch: int | None = None) -> Stage:
@@ -213,7 +213,7 @@ class Loader:
         items = iter(feed)
         while True:
             while len(pending) < P * W:
-                if pending and not getattr(feed, "ready", _always)():
+                if pending and not feed.ready():
                     break  # a followed stream: hand out what is made rather than wait for new data
                 item = next(items, None)
                 if item is None:
@@ -344,10 +344,6 @@ class MakerFactory:
         plan = self.dataset.unbatched_plan()
         if plan.num_samples:
             plan.positions(0, 1)
-
-
-def _always() -> bool:
-    return True
 
 
 def _current_exc():

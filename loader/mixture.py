@@ -7,7 +7,7 @@ number of samples from each source (largest-remainder apportionment of
 with fewer samples than its count and sub-samples one with more (each source
 walks its own permutation over its own epochs, so nothing repeats before
 every sample came once), and interleaves the sources evenly in every batch.
-How positions become samples is in mixture_feed.py.
+How positions become samples is in shuffling/mixture_plans.py and loader/feeds/mixture.py.
 
 Curriculum: ``weights`` (or ``counts``) may change by epoch: a callable
 ``epoch -> list``, or a list of stages ``[(epochs, list), ...]`` where the last
@@ -27,53 +27,21 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from fractions import Fraction
 
 import numpy as np
 
 from shardfeed.formats.index import DatasetIndex
+from shardfeed.loader import state as _state
 from shardfeed.loader import topology as _topology
 from shardfeed.loader.batcher import BatchMaker
 from shardfeed.loader.dataset import ShardDataset
 from shardfeed.loader.errors import ErrorPolicy
-from shardfeed.loader.mixture_feed import MAX_EPOCH_SAMPLES, MixtureFeed
+from shardfeed.loader.feeds.combined_index import combined_index
+from shardfeed.loader.feeds.mixture import MixtureFeed
+from shardfeed.loader.feeds.mixture_stream import MixtureStreamFeed
+from shardfeed.loader.feeds.stream_log import RegrowMaker
 from shardfeed.loader.schedule import BatchSchedule
-
-
-def apportion(total: int, weights) -> list[int]:
-    """``total`` split by ``weights`` exactly (Hamilton's largest remainder; ties to the lower index)."""
-    w = [Fraction(x) for x in weights]
-    s = sum(w)
-    quotas = [total * x / s for x in w]
-    out = [int(q) for q in quotas]
-    order = sorted(range(len(w)), key=lambda i: (-(quotas[i] - out[i]), i))
-    for i in order[:total - sum(out)]:
-        out[i] += 1
-    return out
-
-
-def _stages(value, name: str) -> Callable[[int], list] | None:
-    """A per-epoch rule from a fixed list, a callable, or [(epochs, list), ...]."""
-    if value is None:
-        return None
-    if callable(value):
-        return value
-    value = list(value)
-    if value and all(isinstance(v, (tuple, list)) and len(v) == 2 and isinstance(v[1], (tuple, list))
-                     for v in value):
-        stages = [(int(e), list(v)) for e, v in value]
-        if any(e < 1 for e, _ in stages):
-            raise ValueError(f"{name}={value!r}: every stage needs epochs >= 1")
-
-        def at(epoch: int) -> list:
-            for e, v in stages:
-                if epoch < e:
-                    return v
-                epoch -= e
-            return stages[-1][1]
-
-        return at
-    return lambda epoch: value
+from shardfeed.shuffling.mixture_counts import MixtureCounts, stages
 
 
 class Mixture:
@@ -92,7 +60,7 @@ class Mixture:
     mixture is then one stream that ends with it, each global batch taking
     ``apportion(G, weights)`` samples per source (the followed source's
     samples each exactly once); ``weights`` is required, epoch_samples,
-    epoch_steps and counts do not apply (mixture_stream.py).
+    epoch_steps and counts do not apply (loader/feeds/mixture_stream.py).
     """
 
     def __init__(self, sources, weights=None, counts=None, epoch_samples: int | None = None,
@@ -142,12 +110,11 @@ class Mixture:
         if epoch_steps is not None and (epoch_samples is not None or counts is not None):
             raise ValueError("give the epoch length once: epoch_steps (with weights), epoch_samples, or counts")
         self.epoch_steps = epoch_steps
-        self._global_batch: Callable[[int], int] | None = None  # epoch -> G, set by feed() for epoch_steps
         self.epoch_samples = sum(self.sizes) if epoch_samples is None else epoch_samples
-        self._weights = _stages(weights, "weights")
-        self._counts = _stages(counts, "counts")
-        if self._weights is None and self._counts is None:
-            self._weights = _stages(self.sizes, "weights")
+        by_weight, by_count = stages(weights, "weights"), stages(counts, "counts")
+        if by_weight is None and by_count is None:
+            by_weight = stages(self.sizes, "weights")
+        self.mixing = MixtureCounts(self.names, by_weight, by_count, self.epoch_samples, epoch_steps)
         self.decode, self.transform, self.read_mode = bool(decode), transform, read_mode
         self.drop_last = bool(drop_last)
         self.on_error = on_error
@@ -156,9 +123,7 @@ class Mixture:
         self.follow = self.stream is not None
         self.epoch = 0
         self.image_size: int | None = None
-        self._memo: dict[int, list[int]] = {}
-        self._starts: list[tuple[int, list[int]]] = [(0, [0] * len(self.sources))]
-        self.index = self._combined_index()
+        self.index = combined_index(self.sources, self.layout())
         if epoch_steps is None and self.stream is None:
             self.counts_at(0)
         elif self.stream is not None:
@@ -178,81 +143,13 @@ class Mixture:
             raise ValueError(f"epoch={epoch!r} must be an int >= 0")
         self.epoch = int(epoch)
 
-    # -- counts ------------------------------------------------------------
+    # -- counts (shuffling.mixture_counts) -----------------------------------
     def counts_at(self, epoch: int) -> list[int]:
         """Samples of each source in ``epoch`` (exact, the same on every rank and run)."""
-        got = self._memo.get(epoch)
-        if got is not None:
-            return got
-        m = len(self.sources)
-        if self._counts is not None:
-            raw = list(self._counts(epoch))
-            what = "counts"
-        else:
-            raw = list(self._weights(epoch))
-            what = "weights"
-        if len(raw) != m or any(isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating))
-                                or v < 0 for v in raw) or sum(raw) <= 0:
-            raise ValueError(f"{what} of epoch {epoch} = {raw!r}: give one number >= 0 per source ({m} sources: "
-                             f"{self.names}), not all zero")
-        if what == "counts":
-            if any(int(v) != v for v in raw):
-                raise ValueError(f"counts of epoch {epoch} = {raw!r} must be whole numbers of samples")
-            out = [int(v) for v in raw]
-        else:
-            out = apportion(self._epoch_length(epoch), raw)
-        if sum(out) >= MAX_EPOCH_SAMPLES:
-            raise ValueError(f"epoch {epoch} mixes {sum(out)} samples; at most {MAX_EPOCH_SAMPLES - 1} per epoch "
-                             "(split it into shorter epochs)")
-        self._memo[epoch] = out
-        return out
+        return self.mixing.at(epoch)
 
     def weights_at(self, epoch: int) -> list:
-        raw = list(self._weights(epoch))
-        m = len(self.sources)
-        if len(raw) != m or any(isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating))
-                                or v < 0 for v in raw) or sum(raw) <= 0:
-            raise ValueError(f"weights of epoch {epoch} = {raw!r}: give one number >= 0 per source ({m} sources: "
-                             f"{self.names}), not all zero")
-        return raw
-
-    def batch_counts(self, G: int) -> list[int]:
-        """A stream mixture's samples per source in each global batch of ``G``."""
-        return apportion(G, self.weights_at(0))
-
-    def _epoch_length(self, epoch: int) -> int:
-        if self.epoch_steps is None:
-            return self.epoch_samples
-        if self._global_batch is None:
-            raise TypeError(f"Mixture(epoch_steps={self.epoch_steps}): the epoch's samples depend on the batch "
-                            "size; create the Loader first (it sets the batch sizes), or give epoch_samples")
-        return self.epoch_steps * self._global_batch(epoch)
-
-    def pin_epoch(self, epoch: int, counts: list[int], starts: list[int]) -> None:
-        """Take ``epoch``'s counts and start positions from a saved state (epoch_steps: a job of
-        another global batch size mixes what the saving job mixed, not what its own G gives)."""
-        self._memo = {epoch: list(counts)}
-        self._starts = [(epoch, list(starts))]
-
-    def epoch_total(self, epoch: int) -> int:
-        return sum(self.counts_at(epoch))
-
-    def starts_at(self, epoch: int) -> list[int]:
-        """Each source's stream position at the start of ``epoch`` (the counts of earlier epochs summed)."""
-        e, acc = self._starts[-1]
-        if e > epoch:
-            e, acc = self._starts[0]
-        if e > epoch:  # before a pinned epoch (epoch_steps resume): recount from the start
-            self._starts = [(0, [0] * len(self.sources))]
-            e, acc = self._starts[0]
-        acc = list(acc)
-        while e < epoch:
-            acc = [a + c for a, c in zip(acc, self.counts_at(e))]
-            e += 1
-        if e > self._starts[-1][0]:
-            self._starts.append((e, acc))
-            del self._starts[1:-1]
-        return acc
+        return self.mixing.weights_at(epoch)
 
     # -- what a Loader needs -----------------------------------------------
     def specs(self):
@@ -282,18 +179,22 @@ class Mixture:
             fp["epoch_steps"] = self.epoch_steps
         return fp
 
+    def identity(self) -> dict:
+        """Each source's content digest (None for a followed source: its feed names the stream)."""
+        if self.__dict__.get("_digests") is None:
+            self._digests = [None if i == self.stream else _state.index_digest(s.index)
+                             for i, s in enumerate(self.sources)]
+        return {"digests": list(self._digests)}
+
     def feed(self, schedule: BatchSchedule) -> MixtureFeed:
         t = self.topology
         if self.stream is not None:
-            from shardfeed.loader.mixture_stream import MixtureStreamFeed
-
             return MixtureStreamFeed(self, schedule, t.rank, t.world_size, t.ranks_per_node)
         feed = MixtureFeed(self, schedule, t.rank, t.world_size, t.ranks_per_node, epoch=self.epoch)
         if self.epoch_steps is not None:
-            self._global_batch = lambda epoch: sum(feed.job(epoch).batch_sizes)
-            self._memo.clear()
-            self._starts = [(0, [0] * len(self.sources))]
-            self.counts_at(self.epoch)
+            self.mixing.global_batch = lambda epoch: sum(feed.job(epoch).batch_sizes)
+            self.mixing.clear()
+            self.mixing.at(self.epoch)
         return feed
 
     def maker(self, collate_fn: Callable | None = None, decode: bool | None = None) -> BatchMaker:
@@ -301,16 +202,16 @@ class Mixture:
                            collate_fn=collate_fn, policy=self.policy, read_mode=self.read_mode)
         if self.stream is None:
             return maker
-        from shardfeed.loader.mixture_stream import MixtureFollowMaker
-
-        return MixtureFollowMaker(maker, self)
+        return RegrowMaker(maker, self.grown_index, self.sources[self.stream].index.root,
+                           "combined sample {id} is not published ({n} samples in the mixture's index): "
+                           "the stream's log lost commits?")
 
     def grown_index(self) -> DatasetIndex:
         """The combined index with the followed source's shards published since it was opened."""
         from shardfeed.formats.commit_log import open_stream_index
 
         src = self.sources[self.stream]
-        return self._combined_index({self.stream: open_stream_index(src.index.root)[0]})
+        return combined_index(self.sources, self.layout(), {self.stream: open_stream_index(src.index.root)[0]})
 
     def unbatched_plan(self, epoch: int | None = None):
         """This rank's plan dealt one sample per rank per step (warms a worker's jitted code)."""
@@ -330,31 +231,8 @@ class Mixture:
         """This rank's samples of the current epoch (equal shares; padding included)."""
         if self.stream is not None:
             raise TypeError("a Mixture with a followed source has no length (it grows until its end commit)")
-        n, w = self.epoch_total(self.epoch), self.world_size
+        n, w = self.mixing.total(self.epoch), self.world_size
         return n // w if self.drop_last else -(-n // w)
-
-    def _combined_index(self, grown: dict | None = None) -> DatasetIndex:
-        roots = [os.path.abspath(s.index.root.removeprefix("file://")) for s in self.sources]
-        root = os.path.commonpath(roots) if len(set(roots)) > 1 else roots[0]
-        names, formats, counts, sizes, hashes, fields, tables = [], [], [], [], [], [], {}
-        for i in self.layout():
-            s, r = self.sources[i], roots[i]
-            index = (grown or {}).get(i, s.index)
-            if "://" in s.index.root and not s.index.root.startswith("file://"):
-                raise NotImplementedError(f"{s.index.root}: remote sources are not mixed yet")
-            rel = os.path.relpath(r, root)
-            prefix = "" if rel in ("", ".") else rel.replace(os.sep, "/") + "/"
-            for row, table in index.tables.items():
-                tables[len(names) + row] = table
-            names += [prefix + n for n in index.names]
-            formats += index.formats
-            counts += index.counts.tolist()
-            sizes += index.sizes.tolist()
-            hashes += index.hashes
-            fields += [f for f in index.fields if f not in fields]
-        idx = DatasetIndex(root, names, formats, counts, sizes, hashes, fields, {"mixture": True})
-        idx.tables = tables
-        return idx
 
     def __repr__(self) -> str:
         what = (f"weights={self.weights_at(0)}, follows source {self.stream}" if self.stream is not None

@@ -2,22 +2,34 @@
 
     {"version": 2,
      "epoch": 3, "step": 120,     # where the job stands (readable copies of the feed's)
-     "feed": {"version": 1, "kind": "epoch",
+     "feed": {"version": 2, "kind": "epoch",
               "epoch": 3,         # epoch in progress
               "step": 120,        # steps every rank has taken in it (since the last resize)
               "world_size": 2,
               "batch_sizes": [64, 32],                # per rank, this epoch's stage
               "history": [[4, [32, 32, 32, 32], [800, 800, 800, 800]]],
                                   # earlier jobs this epoch: [world_size, batch sizes, consumed per rank]
-              "dataset": {"samples": N, "shards": S, "order": "global", "seed": 0, "drop_last": false}}}
+              "dataset": {"samples": N, "shards": S, "order": "global", "seed": 0, "drop_last": false},
+                                  # the shuffle and the data's shape
+              "data": {"digest": "9f0c..."}}}
+                                  # the content: xxh3 of the index's shard names, counts, sizes and hashes
+
+A follow state names its stream instead (``"data": {"stream": ...}``: a digest
+of the first shard ever published, None before one is), a mixture each
+source's digest. A state of other content, or a position outside the data,
+is refused with ValueError (feed state version 2; version 1 feed states,
+without ``"data"``, are checked by the fingerprint and the positions only).
 
 All ranks step together, so one rank's state describes the whole job: any
 rank's state loaded by every rank of a job with another world size replans
-the rest of the epoch from these numbers (loader.feed.EpochFeed.reset).
+the rest of the epoch from these numbers (loader.feeds.epoch.EpochFeed).
 Version 1 states (the flat layout of shardfeed 0.1) are still read.
 """
 
 from __future__ import annotations
+
+import numpy as np
+import xxhash
 
 VERSION = 2
 
@@ -29,6 +41,25 @@ def make(feed_state: dict) -> dict:
 def fingerprint(dataset) -> dict:
     return {"samples": int(dataset.index.num_samples), "shards": len(dataset.index),
             "order": dataset.order.value, "seed": int(dataset.seed), "drop_last": bool(dataset.drop_last)}
+
+
+def index_digest(index) -> str:
+    """The content digest of a dataset's index: xxh3-64 over its shards' names, sample
+    counts, byte sizes and content hashes, in order (the same for a local folder, its
+    mirror in a node cache, a glob or a list of the same shards; unchanged by compaction)."""
+    h = xxhash.xxh3_64()
+    h.update(np.asarray(index.counts, np.int64).tobytes())
+    h.update(np.asarray(index.sizes, np.int64).tobytes())
+    h.update("\0".join(index.names).encode())
+    h.update(b"\1")
+    h.update("\0".join(index.hashes).encode())
+    return h.hexdigest()
+
+
+def stream_identity(name: str, content_hash: str) -> str:
+    """A growing dataset's identity: a digest of its first published shard (its name
+    carries the writer's time and pid, its hash the bytes), which never changes."""
+    return xxhash.xxh3_64_hexdigest(f"{name}\0{content_hash}".encode())
 
 
 def feed_state(state: dict) -> dict:

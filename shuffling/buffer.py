@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardfeed.formats.jit import njit
+from shardfeed.formats.compiler.jit import njit
 from shardfeed.shuffling.keys import GOLDEN
 from shardfeed.shuffling.permutation import _mix
 

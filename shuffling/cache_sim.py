@@ -26,7 +26,7 @@ from enum import Enum
 
 import numpy as np
 
-from shardfeed.formats.jit import njit
+from shardfeed.formats.compiler.jit import njit
 
 MAX_ACCESSES = 1 << 27  # runs one simulation may hold (1 GiB of int64): bounds memory and time
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardfeed.formats.jit import njit
+from shardfeed.formats.compiler.jit import njit
 
 
 def owner_node(shard: np.ndarray, num_nodes: int) -> np.ndarray:

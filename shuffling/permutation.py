@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-from shardfeed.formats.jit import njit
+from shardfeed.formats.compiler.jit import njit
 from shardfeed.shuffling.keys import GOLDEN, MASK64, mix64
 
 ROUNDS = 4  # Luby-Rackoff: 4 rounds of a good round function make a strong PRP; 6 cost 1.5x

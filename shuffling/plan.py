@@ -28,6 +28,7 @@ from shardfeed.shuffling.keys import STREAM_BUFFER, derive_key
 from shardfeed.shuffling.orders import Order
 from shardfeed.shuffling.partition import Deal
 from shardfeed.shuffling.pieces import Pieces
+from shardfeed.shuffling.remaining import remaining
 from shardfeed.shuffling.sequences import (
     GlobalPermuted,
     InOrder,
@@ -41,7 +42,6 @@ from shardfeed.shuffling.workers import steps_of
 DEFAULT_BLOCK_SHARDS = 16
 DEFAULT_BUFFER_SIZE = 10_000
 DEFAULT_CHUNK = 65_536
-_MAX_EXPLICIT = 1 << 26  # positions an elastic re-plan may list one by one (512 MB)
 
 
 def _check_pos_int(name, value, minimum=1):
@@ -350,7 +350,7 @@ class EpochPlan:
         for r, c in enumerate(consumed):
             if not 0 <= c <= d.count(r):
                 raise ValueError(f"consumed[{r}]={c} out of range: old rank {r} had 0..{d.count(r)} samples this epoch")
-        items = self._remaining(consumed)
+        items = remaining(self, consumed)
         pieces = self._pieces.select(items)
         return EpochPlan(
             self.counts, self.order, self.seed, self.epoch, topology,
@@ -361,69 +361,6 @@ class EpochPlan:
             _batch_rounds=self._rounds_per_batch if batch_size is None else None,
             _history=self.history + (Resize(self.topology.with_rank(0), tuple(consumed), self.drop_last,
                                             self._rounds_per_batch),))
-
-    def _remaining(self, consumed):
-        d = self._deal
-        length, s = d.length, d.round_size
-        items = []
-        if not d.strided:
-            for r, c in enumerate(consumed):
-                base, m = d.rounds * d.cum_weight(r), d.count(r)
-                tail = c
-                if self.order is Order.SHARD and c:
-                    pend, tail = self._make_buffer(r).pending(c)
-                    pend = pend + base
-                    pend = pend[pend < length]
-                    if pend.size:
-                        items.append(("array", pend))
-                if base + tail < min(base + m, length):
-                    items.append(("range", base + tail, min(base + m, length)))
-            if d.dropped:
-                items.append(("range", d.rounds * s, length))
-            return items
-        if self.locality and self.topology.num_nodes > 1:
-            k = self._rounds_per_batch
-            share = [k * w for w in d.weights]
-            nwin = -(-d.rounds // k)
-            lo = min(c // q if c < d.count(r) else nwin for r, (c, q) in enumerate(zip(consumed, share)))
-            hi = max((c - 1) // q + 1 if c else 0 for c, q in zip(consumed, share))
-            if hi > lo:
-                vp, _, ranks = self._assign_windows(lo, hi)
-                pos = np.empty_like(ranks)
-                for r in range(d.world_size):
-                    mine = np.flatnonzero(ranks == r)
-                    pos[mine] = lo * share[r] + np.arange(mine.shape[0])
-                left = pos >= np.asarray(consumed, np.int64)[ranks]
-                band = vp[left & (vp < length)]
-                if band.size:
-                    items.append(("array", band))
-            edge = min(max(hi, lo) * k, d.rounds) * s
-            if edge < length:
-                items.append(("range", edge, length))
-            return items
-        w = np.asarray(d.weights, np.int64)
-        c = np.asarray(consumed, np.int64)
-        lo = int((c // w).min())
-        hi = int((-(-c // w)).max())
-        if hi > lo:
-            if (hi - lo) * s > _MAX_EXPLICIT:
-                raise ValueError(f"consumed counts {consumed} are {hi - lo} rounds apart; ranks step together, "
-                                 f"so pass steps * batch size for every rank")
-            j = np.arange(lo, hi, dtype=np.int64)
-            cw = np.concatenate([[0], np.cumsum(w)])
-            band = []
-            for r in range(d.world_size):
-                slots = np.arange(w[r], dtype=np.int64)
-                p = (j[:, None] * w[r] + slots[None, :]).reshape(-1)
-                v = (j[:, None] * s + cw[r] + slots[None, :]).reshape(-1)
-                band.append(v[(p >= c[r]) & (v < length)])
-            band = np.sort(np.concatenate(band))
-            if band.size:
-                items.append(("array", band))
-        if hi * s < length:
-            items.append(("range", hi * s, length))
-        return items
-
 
 class Resize(NamedTuple):
     """One elastic re-plan in an epoch's history: the old job and how far it got."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardfeed.formats.jit import njit
+from shardfeed.formats.compiler.jit import njit
 from shardfeed.shuffling.keys import STREAM_GLOBAL, STREAM_SHARDS, STREAM_WINDOWS, derive_key, epoch_key
 from shardfeed.shuffling.permutation import (
     Permutation,

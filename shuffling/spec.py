@@ -24,6 +24,10 @@ from shardfeed.shuffling.orders import Order
 from shardfeed.shuffling.plan import DEFAULT_BLOCK_SHARDS, DEFAULT_BUFFER_SIZE, EpochPlan, make_plan
 from shardfeed.shuffling.topology import Topology
 
+# Largest batch of one rank: far past any memory, and it keeps step * batch size
+# (and its sum over ranks) exact in int64 positions.
+MAX_BATCH_SIZE = (1 << 31) - 1
+
 
 @dataclass(frozen=True)
 class Job:
@@ -47,8 +51,8 @@ class Job:
                 raise ValueError(f"Job.batch_sizes lists {len(sizes)} sizes for world_size={self.world_size}; "
                                  "give one batch size per rank")
             for r, b in enumerate(sizes):
-                if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1:
-                    raise ValueError(f"Job.batch_sizes[{r}]={b!r} must be an int >= 1")
+                if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or not 1 <= b <= MAX_BATCH_SIZE:
+                    raise ValueError(f"Job.batch_sizes[{r}]={b!r} must be an int in [1, {MAX_BATCH_SIZE}]")
             object.__setattr__(self, "batch_sizes", tuple(int(b) for b in sizes))
         rpn = self.ranks_per_node
         if rpn is not None and not 1 <= rpn <= self.world_size:

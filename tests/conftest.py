@@ -36,3 +36,25 @@ def make_dataset(tmp_path):
         return root
 
     return make
+
+
+def flip_byte(path: str, offset: int, mask: int = 0xFF) -> None:
+    """Damage one byte of a file in place: XOR the byte at ``offset`` with ``mask``
+    (0xFF flips every bit, ``1 << k`` flips bit k)."""
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ mask]))
+
+
+@pytest.fixture(scope="module")
+def moto_endpoint():
+    """moto's real S3 server on a loopback port, one per test module: its endpoint URL."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    _, port = server.get_host_and_port()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()

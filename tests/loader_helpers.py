@@ -39,6 +39,21 @@ def check_save_restore(make_loader, points, epochs: int = 2) -> None:
         assert following == expected[per_epoch:], f"resume at step {k}: the next epoch differs"
 
 
+def rows_until(loader, row, state=None, stop=None) -> tuple[list, dict | None]:
+    """The two halves of a resume test over one epoch. Enters ``loader``, loads ``state`` if
+    given, and returns ``[row(batch) for each batch]`` with None, or, once ``stop`` batches are
+    in, those rows and the loader's state after them (the loader is closed either way)."""
+    with loader as ld:
+        if state is not None:
+            ld.load_state_dict(state)
+        out = []
+        for b in ld:
+            out.append(row(b))
+            if stop is not None and len(out) == stop:
+                return out, ld.state_dict()
+        return out, None
+
+
 def rank_loaders(root, world_size, batch_size, num_workers=0, **ds_kwargs):
     return [Loader(ShardDataset(root, rank=r, world_size=world_size, **ds_kwargs), batch_size,
                    num_workers=num_workers) for r in range(world_size)]

@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 from conftest import labelled_sample
-from shardfeed.formats import ShardWriter, aot, jit
+from shardfeed.formats import ShardWriter
+from shardfeed.formats.compiler import aot, jit
 
 
 def _run(code: str, env: dict | None = None, timeout: int = 300) -> dict:
@@ -43,7 +44,7 @@ def aot_folder() -> str:
 READ = textwrap.dedent("""
     import json, sys
     import xxhash
-    from shardfeed.formats import jit
+    from shardfeed.formats.compiler import jit
     from shardfeed.loader import Loader, ShardDataset
 
     def probe(sample):
@@ -145,7 +146,7 @@ def _copy(folder, tmp_path):
 
 def test_the_built_module_loads(aot_folder, tmp_path):
     loaded = aot.load(_copy(aot_folder, tmp_path), jit.KEY)
-    assert loaded is not None and loaded.variants("shardfeed.formats.kernels:tar_gather")
+    assert loaded is not None and loaded.variants("shardfeed.formats.engine.kernels:tar_gather")
 
 
 def _edit_manifest(folder, **changes):
@@ -179,7 +180,7 @@ def test_a_stale_or_corrupt_module_is_ignored(aot_folder, tmp_path, damage):
         os.remove(os.path.join(folder, aot.MANIFEST))
     elif damage == "missing symbol":
         kernels = dict(man["kernels"])
-        kernels["shardfeed.formats.kernels:tar_sizes"] = [["no_such_symbol", ["int64"]]]
+        kernels["shardfeed.formats.engine.kernels:tar_sizes"] = [["no_such_symbol", ["int64"]]]
         _edit_manifest(folder, kernels=kernels)
     elif damage == "missing module":
         os.remove(so)
@@ -188,7 +189,7 @@ def test_a_stale_or_corrupt_module_is_ignored(aot_folder, tmp_path, damage):
 
 CORRUPT_READ = textwrap.dedent("""
     import json, sys
-    from shardfeed.formats import jit
+    from shardfeed.formats.compiler import jit
     from shardfeed.loader import Loader, ShardDataset
     with Loader(ShardDataset(ROOT, shuffle="global", seed=1), 10) as loader:
         keys = [k for b in loader for k in b["__key__"]]
@@ -220,7 +221,8 @@ def _xdg_base() -> str:
 FALLBACK = textwrap.dedent("""
     import json
     import numpy as np
-    from shardfeed.formats import jit, kernels
+    from shardfeed.formats.compiler import jit
+    from shardfeed.formats.engine import kernels
     buf = np.frombuffer(b" 12 -7 x", np.uint8).copy()
     starts, sizes = np.array([0, 3, 7], np.int64), np.array([3, 3, 1], np.int64)
     out1, ok1 = kernels.parse_ints(buf, starts, sizes)  # as a read calls it

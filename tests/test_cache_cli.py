@@ -9,28 +9,10 @@ import os
 import pytest
 
 from cache_servers import RangeServer, upload_folder
+from conftest import flip_byte
 from shardfeed.cache import ShardCache, open_remote_index
 from shardfeed.formats import ShardError, open_index, open_shard, read_sidecar
 from shardfeed.tools.cli import main
-
-
-@pytest.fixture(scope="module")
-def moto_endpoint():
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    _, port = server.get_host_and_port()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
-
-
-def _flip(path: str, offset: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        b = f.read(1)
-        f.seek(offset)
-        f.write(bytes([b[0] ^ 0xFF]))
 
 
 def _payload_offset(shard_path: str, sample: int) -> int:
@@ -59,7 +41,7 @@ def test_verify_url_good_then_from_the_cache(tmp_path, make_dataset, capsys):
 def test_verify_url_names_each_damage_by_url(tmp_path, make_dataset, capsys):
     root = make_dataset(80, shard_samples=20)
     idx = open_index(root)
-    _flip(idx.path(1), _payload_offset(idx.path(1), 5))  # damaged at the source after indexing
+    flip_byte(idx.path(1), _payload_offset(idx.path(1), 5))  # damaged at the source after indexing
     os.unlink(idx.path(2) + ".idx")  # no sidecar: readers scan, but lose the per-sample checksums
     os.unlink(idx.path(3))
     cdir = str(tmp_path / "c")
@@ -86,7 +68,7 @@ def test_verify_url_refetches_a_copy_damaged_in_the_cache(tmp_path, make_dataset
         assert main(["verify", srv.url, "--quiet", "--cache-dir", cdir]) == 0
         url = f"{srv.url}/{idx.names[0]}"
         copy = ShardCache(cdir, 1 << 20).path_for(url, idx.hashes[0])
-        _flip(copy, _payload_offset(copy, 3))
+        flip_byte(copy, _payload_offset(copy, 3))
         before = srv.gets(idx.names[0])
         capsys.readouterr()
         assert main(["verify", srv.url, "--quiet", "--cache-dir", cdir]) == 0

@@ -45,17 +45,6 @@ def dataset(tmp_path):
     return root
 
 
-@pytest.fixture(scope="module")
-def moto_endpoint():
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    _, port = server.get_host_and_port()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
-
-
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_http_dataset_with_small_cache_equals_local(tmp_path, dataset, num_workers):
     size = open_index(dataset).num_bytes

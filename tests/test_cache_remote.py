@@ -15,17 +15,6 @@ from shardfeed.formats import ShardError, ShardWriter, open_index, open_shard
 FAST = FetchOptions(range_bytes=4096, threads=4, attempts=2, backoff_s=0.01, stall_s=5.0)
 
 
-@pytest.fixture(scope="module")
-def moto_endpoint():
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    _, port = server.get_host_and_port()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
-
-
 def _check_shard(ds: RemoteDataset, i: int) -> None:
     with ds.hold(i) as path:
         assert os.path.exists(path + ".idx")  # the sidecar sits beside the cached shard

@@ -30,17 +30,6 @@ def served(tmp_path):
         yield srv, str(root)
 
 
-@pytest.fixture(scope="module")
-def moto_endpoint():
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
-
-
 def _cache(tmp_path, limit=10 << 20, **kw):
     return ShardCache(str(tmp_path / "cache"), limit, fetch=kw.pop("fetch", FAST), **kw)
 

@@ -322,7 +322,7 @@ def test_sigterm_mid_conversion_removes_stage_and_exits_143(tmp_path, processes)
 
 
 def test_stale_stage_of_dead_run_is_removed_live_one_kept(tmp_path, capsys):
-    from shardfeed.tools.convert.job import _host
+    from shardfeed.formats.staging import host_tag as _host
 
     (tmp_path / "a.jsonl").write_text('{"v": 1}\n')
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
@@ -371,8 +371,8 @@ def test_overwrite_replaces_empty_folder_and_dataset(tmp_path):
 
 def test_signal_during_publish_is_deferred(tmp_path):
     """An interrupt between moving the old dataset aside and renaming the stage would leave no DST."""
+    from shardfeed.formats.staging import SignalsHeld as _SignalsHeld
     from shardfeed.tools.convert.command import _stop_on_signals
-    from shardfeed.tools.convert.job import _SignalsHeld
 
     with _stop_on_signals():
         with _SignalsHeld() as held:

@@ -8,19 +8,12 @@ import sys
 
 import pytest
 
+from conftest import flip_byte
 from shardfeed.formats import open_index
 from shardfeed.tools.cli import main
 
 # the console script installed beside the interpreter running the tests
 SHARDFEED = os.path.join(os.path.dirname(sys.executable), "shardfeed")
-
-
-def _flip(path: str, offset: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        b = f.read(1)
-        f.seek(offset)
-        f.write(bytes([b[0] ^ 0xFF]))
 
 
 @pytest.mark.parametrize("fmt", ["tar", "parquet"])
@@ -37,7 +30,7 @@ def test_each_damage_is_named(make_dataset, capsys):
     # shard 1: one payload byte flipped inside sample 5 (located through its sidecar)
     from shardfeed.formats import read_sidecar
     table, _ = read_sidecar(idx.path(1) + ".idx", idx.path(1))
-    _flip(idx.path(1), int(table.offset[table.member_start[5] + 2]))
+    flip_byte(idx.path(1), int(table.offset[table.member_start[5] + 2]))
     os.truncate(idx.path(2), idx.sizes[2] // 2)  # shard 2: cut in half
     os.unlink(idx.path(3))  # shard 3: gone
     assert main(["verify", root, "--quiet"]) == 1
@@ -88,7 +81,7 @@ def test_console_script_convert_inspect_verify(tmp_path):
     assert n > 2
     r = sh("inspect", dst)
     assert r.returncode == 0 and "fields         cls, txt" in r.stdout and "'row 0'" in r.stdout
-    _flip(os.path.join(dst, "shard-000001.tar"), 700)
+    flip_byte(os.path.join(dst, "shard-000001.tar"), 700)
     r = sh("verify", dst)
     assert r.returncode == 1 and f"BAD {os.path.join(dst, 'shard-000001.tar')}" in r.stdout
     assert f"verified {n} shards, 200 samples" in r.stdout and "1 bad shard" in r.stdout

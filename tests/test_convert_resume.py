@@ -80,7 +80,7 @@ def test_rerun_with_other_arguments_starts_afresh(tmp_path):
     """A killed run's stage is for its own arguments: another conversion into DST removes it."""
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps({"i": i}) + "\n" for i in range(50)))
-    from shardfeed.tools.convert.resume import stage_path
+    from shardfeed.formats.staging import stage_path
 
     old = stage_path(str(tmp_path / "out"), "0123456789abcdef")
     os.makedirs(os.path.join(old, "part-000"))
@@ -91,8 +91,9 @@ def test_rerun_with_other_arguments_starts_afresh(tmp_path):
 def test_live_run_with_same_arguments_is_refused(tmp_path):
     """Two runs with the same arguments would write into one stage: the second is refused."""
     from shardfeed.formats import ShardError
+    from shardfeed.formats.staging import stage_path
     from shardfeed.tools.convert.job import ConvertOptions, convert, run_key
-    from shardfeed.tools.convert.resume import StageLock, stage_path
+    from shardfeed.tools.convert.resume import StageLock
     from shardfeed.tools.convert.sources import open_source
 
     src = tmp_path / "in.jsonl"

@@ -1,4 +1,4 @@
-"""Compressed tar shards decompressed ahead of their read (formats/decompress_ahead.py).
+"""Compressed tar shards decompressed ahead of their read (formats/engine/decompress_ahead.py).
 
 A reader's next compressed shards are decompressed by a background thread;
 the batches must be exactly those of the same samples stored as plain tar,
@@ -16,8 +16,9 @@ import threading
 import pytest
 
 from conftest import labelled_sample
-from shardfeed.formats import ShardError, ShardWriter, decompressed
-from shardfeed.formats.decompress_ahead import DecompressAhead, claim
+from shardfeed.formats import ShardError, ShardWriter
+from shardfeed.formats.engine import decompressed
+from shardfeed.formats.engine.decompress_ahead import DecompressAhead, claim
 from shardfeed.formats.index import open_index
 from shardfeed.loader import Loader, ShardDataset
 

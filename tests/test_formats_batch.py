@@ -10,8 +10,8 @@ import pytest
 from test_loader_faults import _damage_payload
 
 from shardfeed.formats import ShardError, open_index, open_shard
-from shardfeed.formats.batch import BatchReader
-from shardfeed.formats.native import hash_fn
+from shardfeed.formats.compiler.native import hash_fn
+from shardfeed.formats.engine.batch import BatchReader
 
 
 def _reader(root, path_kind, **kw):

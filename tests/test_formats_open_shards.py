@@ -11,9 +11,9 @@ from test_formats_batch import _as_samples, _expected
 
 from conftest import labelled_sample
 from shardfeed.formats import ShardError, ShardWriter, open_index
-from shardfeed.formats.batch import BatchReader
+from shardfeed.formats.engine.batch import BatchReader
+from shardfeed.formats.engine.open_shards import INITIAL_SLOTS, OpenShards
 from shardfeed.formats.errors import ReadError
-from shardfeed.formats.open_shards import INITIAL_SLOTS, OpenShards
 from shardfeed.loader.errors import ErrorPolicy
 
 

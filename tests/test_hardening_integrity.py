@@ -10,8 +10,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from conftest import flip_byte
 from shardfeed.formats import ShardError, ShardWriter, open_index, open_shard, verify_shard
-from shardfeed.formats.batch import BatchReader
+from shardfeed.formats.engine.batch import BatchReader
 from shardfeed.formats.readers import shard_keys
 from shardfeed.loader import ShardDataset
 
@@ -21,12 +22,6 @@ def _payload_offset(path: str, needle: bytes) -> int:
     at = raw.find(needle)
     assert at > 0, "payload not found in the shard"
     return at
-
-
-def _flip(path: str, at: int, bit: int = 0) -> None:
-    raw = bytearray(open(path, "rb").read())
-    raw[at] ^= 1 << bit
-    open(path, "wb").write(raw)
 
 
 def _arrow_dataset(tmp_path, n=40, per_shard=20):
@@ -42,7 +37,7 @@ def test_arrow_payload_flip_is_caught_by_the_batch_checksum(tmp_path):
     root = _arrow_dataset(tmp_path)
     idx = open_index(root)
     path = idx.path(0)
-    _flip(path, _payload_offset(path, b"MARK0007"))
+    flip_byte(path, _payload_offset(path, b"MARK0007"), 1)
     with pytest.raises(ShardError, match="fails its checksum") as ei:
         with open_shard(idx, 0) as r:
             list(r)
@@ -63,7 +58,7 @@ def test_arrow_payload_flip_is_caught_by_the_batch_checksum(tmp_path):
 def test_arrow_damage_under_skip_is_counted_not_delivered(tmp_path):
     root = _arrow_dataset(tmp_path)
     idx = open_index(root)
-    _flip(idx.path(1), _payload_offset(idx.path(1), b"MARK0031"))
+    flip_byte(idx.path(1), _payload_offset(idx.path(1), b"MARK0031"), 1)
     reader = BatchReader(idx, skip=True)
     try:
         got = reader.read(np.arange(40))
@@ -108,7 +103,7 @@ def test_every_bit_of_an_arrow_value_is_covered(tmp_path, bit):
     path = open_index(root).path(0)
     raw = open(path, "rb").read()
     at = raw.find(np.array([0x1234567803], np.int64).tobytes())
-    _flip(path, at, bit)
+    flip_byte(path, at, 1 << bit)
     with pytest.raises(ShardError):
         with open_shard(open_index(root), 0) as r:
             list(r)

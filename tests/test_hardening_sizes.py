@@ -14,8 +14,9 @@ import pyarrow as pa
 import pytest
 import zstandard
 
-from shardfeed.formats import ShardError, ShardWriter, decompressed, open_index, open_shard, readers
-from shardfeed.formats.batch import BatchReader
+from shardfeed.formats import ShardError, ShardWriter, open_index, open_shard, readers
+from shardfeed.formats.engine import decompressed
+from shardfeed.formats.engine.batch import BatchReader
 from shardfeed.formats.sidecar import read_sidecar, table_digest
 from shardfeed.tools.cli import main
 

@@ -12,7 +12,7 @@ import shutil
 import subprocess
 import sys
 
-from shardfeed.formats import jit
+from shardfeed.formats.compiler import jit
 
 
 def test_key_changes_when_any_kernel_module_changes(tmp_path):
@@ -32,7 +32,7 @@ def test_key_changes_when_any_kernel_module_changes(tmp_path):
 
 def test_the_cache_folder_is_the_keyed_one():
     # in a process on numba's JIT: with the compiled kernel module, this one may never configure numba
-    code = ("import shardfeed.shuffling, numba; from shardfeed.formats import jit; "
+    code = ("import shardfeed.shuffling, numba; from shardfeed.formats.compiler import jit; "
             "print(numba.config.CACHE_DIR); print(jit.cache_dir())")
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
     out = subprocess.run([sys.executable, "-c", code], env=dict(env, SHARDFEED_AOT="0"), capture_output=True,

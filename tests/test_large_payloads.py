@@ -16,7 +16,7 @@ import pytest
 
 from conftest import labelled_sample
 from shardfeed.formats import ShardWriter, open_index
-from shardfeed.formats.batch import BatchReader
+from shardfeed.formats.engine.batch import BatchReader
 from shardfeed.loader.views import tensor_views
 
 GLIBC = platform.libc_ver()[0] == "glibc"

@@ -13,12 +13,22 @@ import numpy as np
 import pytest
 
 from shardfeed.formats import ShardWriter, open_index
-from shardfeed.formats.batch import BatchReader
-from shardfeed.formats.kernels import tar_sizes
-from shardfeed.formats.kernels_batch import DST_POS, KPOS, LOCAL, NOT_OPEN, OK, OUT_OF_RANGE, SHARD, SLOT, tar_layout
+from shardfeed.formats.engine.batch import BatchReader
+from shardfeed.formats.engine.kernels import tar_sizes
+from shardfeed.formats.engine.kernels_batch import (
+    DST_POS,
+    KPOS,
+    LOCAL,
+    NOT_OPEN,
+    OK,
+    OUT_OF_RANGE,
+    SHARD,
+    SLOT,
+    tar_layout,
+)
 from shardfeed.loader import Loader, ShardDataset
 from shardfeed.loader.collate import Blob
-from shardfeed.loader.feed import EpochFeed
+from shardfeed.loader.feeds.epoch import EpochFeed
 from shardfeed.loader.schedule import BatchSchedule
 from shardfeed.shuffling import Topology, make_plan
 from shardfeed.shuffling.spec import PlanSpec

@@ -8,7 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from shardfeed.loader.feed import EpochFeed, Upcoming
+from shardfeed.loader.feeds.base import Upcoming
+from shardfeed.loader.feeds.epoch import EpochFeed
 from shardfeed.loader.schedule import BatchSchedule, Stage
 from shardfeed.shuffling import offsets_of
 from shardfeed.shuffling.spec import PlanSpec

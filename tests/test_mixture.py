@@ -12,8 +12,8 @@ from conftest import labelled_sample
 from loader_helpers import check_save_restore, keys_of, step_together
 from shardfeed.formats import ShardWriter
 from shardfeed.loader import Loader, Mixture, ShardDataset
-from shardfeed.loader.mixture import apportion
-from shardfeed.loader.mixture_feed import interleave
+from shardfeed.shuffling.apportion import apportion
+from shardfeed.shuffling.mixture_plans import interleave
 
 
 @pytest.fixture
@@ -199,6 +199,22 @@ def test_bad_arguments_name_the_fix(sources, tmp_path):
         Mixture(sources, weights=[1, 1, 1], counts=[1, 1, 1])
     with pytest.raises(ValueError, match="non-empty list"):
         Mixture(sources[0])
+
+
+@pytest.mark.parametrize("bad,name", [(float("nan"), "nan"), (float("inf"), "inf"), (-1.0, "-1.0"),
+                                      (np.float64("nan"), r"np.float64\(nan\)")])
+def test_non_finite_or_negative_weights_are_refused_by_name(sources, tmp_path, bad, name):
+    """Regression (issue 20): NaN / inf weights reached fractions.Fraction and raised its
+    ValueError / OverflowError, naming neither the weight nor the fix."""
+    for make in (lambda w: Mixture(sources, weights=w), lambda w: Mixture(sources, counts=w),
+                 lambda w: Mixture(sources, weights=[(1, [1, 1, 1]), (1, w)]).counts_at(1)):
+        with pytest.raises(ValueError, match=rf"\[1\]={name} is not a finite number >= 0.*one number >= 0 per source"):
+            make([1, bad, 1])
+    with pytest.raises(ValueError, match="all are zero"):
+        Mixture(sources, weights=[0, 0, 0])
+    stream = tmp_path / "live"
+    with pytest.raises(ValueError, match=rf"weights of epoch 0 = .*\[1\]={name} is not a finite number"):
+        Mixture([sources[0], ShardDataset(stream, follow=True)], weights=[1, bad])
 
 
 def test_epoch_steps_sets_the_epoch_length_in_steps(sources):

@@ -15,7 +15,7 @@ from loader_helpers import keys_of, step_together
 from shardfeed.formats import ShardWriter
 from shardfeed.formats.commit_log import LOG_DIR
 from shardfeed.loader import Loader, Mixture, ShardDataset
-from shardfeed.loader.mixture import apportion
+from shardfeed.shuffling.apportion import apportion
 
 FOLLOW = {"poll_s": 0.02, "idle_timeout_s": 60}
 

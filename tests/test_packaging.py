@@ -25,7 +25,9 @@ def test_wheel_holds_only_shardfeed(tmp_path):
     assert {t for t in tops if not t.endswith(".dist-info")} == {"shardfeed"}
     names = zipfile.ZipFile(wheel).namelist()
     for sub in ("formats", "cache", "shuffling", "loader", "tools"):
-        assert f"shardfeed/{sub}/__init__.py" in names
+        # every package folder, subfolders included: pyproject lists them by hand
+        for init in (ROOT / sub).rglob("__init__.py"):
+            assert f"shardfeed/{init.relative_to(ROOT).as_posix()}" in names
     entry = [n for n in names if n.endswith("entry_points.txt")]
     assert "shardfeed = shardfeed.tools.cli:main" in zipfile.ZipFile(wheel).read(entry[0]).decode()
 

@@ -1,7 +1,7 @@
 """Every shard format under every order gives the batches tar gives (issue 13,
 "no pathological pairing of format and order").
 
-The fast paths of columnar shards (formats/columns.py: stored-order runs as
+The fast paths of columnar shards (formats/engine/columns.py: stored-order runs as
 slices of their row groups, a whole Parquet or Arrow shard decoded once for
 random order) and compressed tars must return exactly the keys and bytes of
 the same samples stored as plain tar: through 0 and 2 workers, through a
@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 
 from conftest import labelled_sample
+from loader_helpers import rows_until
 from shardfeed.formats import ShardError, ShardWriter
-from shardfeed.formats.batch import BatchReader
+from shardfeed.formats.engine.batch import BatchReader
 from shardfeed.formats.index import open_index
 from shardfeed.formats.writer import _ColumnarShard
 from shardfeed.loader import Loader, ShardDataset
@@ -52,15 +53,8 @@ def datasets(tmp_path_factory):
 def _rows(root, shuffle, workers=0, cache_dir=None, state=None, stop=None):
     """(key, bin, cls) of every sample delivered, batch by batch; and the state after ``stop`` batches."""
     ds = ShardDataset(root, shuffle=shuffle, seed=5, cache_dir=cache_dir, decode=True)
-    out = []
-    with Loader(ds, batch_size=100, num_workers=workers) as ld:
-        if state is not None:
-            ld.load_state_dict(state)
-        for b in ld:
-            out.append(list(zip(b["__key__"], [bytes(x) for x in b["bin"]], b["cls"].tolist())))
-            if stop is not None and len(out) == stop:
-                return out, ld.state_dict()
-    return out, None
+    return rows_until(Loader(ds, batch_size=100, num_workers=workers),
+                      lambda b: list(zip(b["__key__"], [bytes(x) for x in b["bin"]], b["cls"].tolist())), state, stop)
 
 
 @pytest.mark.parametrize("shuffle", ["global", "none"])

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from conftest import labelled_sample
+from loader_helpers import rows_until
 from shardfeed.formats import ShardError, ShardWriter
 from shardfeed.loader import Loader, ShardDataset
 
@@ -27,16 +28,9 @@ def _values(col) -> list:
 
 def _run(root, workers=0, shuffle="global", bytes_as="bytes", state=None, stop=None, prefetch=2, **ds):
     """[(keys, bin values as bytes, cls)] of an epoch, or its first ``stop`` batches and the state after them."""
-    with Loader(ShardDataset(root, shuffle=shuffle, seed=7, **ds), batch_size=16, num_workers=workers,
-                prefetch=prefetch, bytes_as=bytes_as) as ld:
-        if state is not None:
-            ld.load_state_dict(state)
-        out = []
-        for b in ld:
-            out.append((list(b["__key__"]), _values(b["bin"]), b["cls"].tolist()))
-            if stop is not None and len(out) == stop:
-                return out, ld.state_dict()
-        return out, None
+    loader = Loader(ShardDataset(root, shuffle=shuffle, seed=7, **ds), batch_size=16, num_workers=workers,
+                    prefetch=prefetch, bytes_as=bytes_as)
+    return rows_until(loader, lambda b: (list(b["__key__"]), _values(b["bin"]), b["cls"].tolist()), state, stop)
 
 
 def _sized_dataset(root, n=150, format="tar", shard_samples=40):
@@ -163,21 +157,16 @@ def _identity(sample):
 
 def _token_run(root, workers=0, shuffle="global", transform=None, state=None, stop=None, field="tokens.uint16"):
     """[(keys, field values as numpy: one array, or a list of arrays)] of an epoch or its first ``stop`` batches."""
-    with Loader(ShardDataset(root, shuffle=shuffle, seed=1, transform=transform), batch_size=16,
-                num_workers=workers) as ld:
-        if state is not None:
-            ld.load_state_dict(state)
-        out = []
-        for b in ld:
-            v = b[field]
-            if isinstance(v, torch.Tensor):
-                out.append((list(b["__key__"]), v.numpy().copy()))
-            else:
-                assert all(isinstance(x, torch.Tensor) and x.dim() == 1 for x in v)
-                out.append((list(b["__key__"]), [x.numpy().copy() for x in v]))
-            if stop is not None and len(out) == stop:
-                return out, ld.state_dict()
-        return out, None
+    def row(b):
+        v = b[field]
+        if isinstance(v, torch.Tensor):
+            return list(b["__key__"]), v.numpy().copy()
+        assert all(isinstance(x, torch.Tensor) and x.dim() == 1 for x in v)
+        return list(b["__key__"]), [x.numpy().copy() for x in v]
+
+    loader = Loader(ShardDataset(root, shuffle=shuffle, seed=1, transform=transform), batch_size=16,
+                    num_workers=workers)
+    return rows_until(loader, row, state, stop)
 
 
 def _same(a, b):

@@ -1,6 +1,6 @@
 """Fast paths return exactly what the slow paths do.
 
-Parquet under ``global`` order keeps decoded row groups (formats/columns.py)
+Parquet under ``global`` order keeps decoded row groups (formats/engine/columns.py)
 instead of decoding one per sample; the batches must equal those of the same
 samples stored as tar, whatever the budget for decoded bytes.
 """
@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from conftest import labelled_sample
-from shardfeed.formats import decompressed
-from shardfeed.formats.batch import BatchReader
-from shardfeed.formats.columns import DECODED
+from loader_helpers import rows_until
+from shardfeed.formats.engine import decompressed
+from shardfeed.formats.engine.batch import BatchReader
+from shardfeed.formats.engine.columns import DECODED
 from shardfeed.formats.index import open_index
 from shardfeed.loader import Loader, ShardDataset
 
@@ -106,16 +107,9 @@ def test_bytes_as_tensor_across_a_resume(make_dataset, workers):
     root = make_dataset(160, shard_samples=40)
 
     def run(state=None, stop=None):
-        with Loader(ShardDataset(root, shuffle="global", seed=5), batch_size=16, num_workers=workers,
-                    bytes_as="tensor") as ld:
-            if state is not None:
-                ld.load_state_dict(state)
-            out = []
-            for b in ld:
-                out.append((list(b["__key__"]), _as_bytes(b)))
-                if stop is not None and len(out) == stop:
-                    return out, ld.state_dict()
-            return out, None
+        loader = Loader(ShardDataset(root, shuffle="global", seed=5), batch_size=16, num_workers=workers,
+                        bytes_as="tensor")
+        return rows_until(loader, lambda b: (list(b["__key__"]), _as_bytes(b)), state, stop)
 
     full, _ = run()
     head, state = run(stop=4)
@@ -151,19 +145,15 @@ def _identity(sample):
     return sample  # a transform: forces the per-sample (slow) path
 
 
+def _token_row(b):
+    v = b["npy"]
+    return list(b["__key__"]), v.numpy().copy() if isinstance(v, torch.Tensor) else [np.asarray(x).copy() for x in v]
+
+
 def _token_batches(root, workers, transform=None, state=None, stop=None):
-    with Loader(ShardDataset(root, shuffle="global", seed=1, transform=transform), batch_size=16,
-                num_workers=workers) as ld:
-        if state is not None:
-            ld.load_state_dict(state)
-        out = []
-        for b in ld:
-            v = b["npy"]
-            out.append((list(b["__key__"]), v.numpy().copy() if isinstance(v, torch.Tensor) else
-                        [np.asarray(x).copy() for x in v]))
-            if stop is not None and len(out) == stop:
-                return out, ld.state_dict()
-        return out, None
+    loader = Loader(ShardDataset(root, shuffle="global", seed=1, transform=transform), batch_size=16,
+                    num_workers=workers)
+    return rows_until(loader, _token_row, state, stop)
 
 
 def _same(a, b):

@@ -8,7 +8,7 @@ import os
 import pytest
 
 pytestmark = pytest.mark.slow  # one Ray start (~3-20 s on a loaded machine) and Ray Data warm-up
-ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'shardfeed[ray]'")
+ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install -e '.[ray]'")
 
 from conftest import labelled_sample  # noqa: E402
 from shardfeed.formats import ShardWriter, open_index, open_shard, verify_shard  # noqa: E402
@@ -37,7 +37,7 @@ def _rows(n: int) -> list[dict]:
 
 
 def test_datasink_round_trip_verifies(ray_local, tmp_path):
-    from shardfeed.tools.convert.ray_data import ShardDatasink
+    from shardfeed.formats.ray_data import ShardDatasink
 
     ds = ray.data.from_items(_rows(300), override_num_blocks=4)
     ds.write_datasink(ShardDatasink(str(tmp_path / "out"), max_shard_samples=40))
@@ -53,7 +53,7 @@ def test_datasink_round_trip_verifies(ray_local, tmp_path):
 
 
 def test_failing_write_task_publishes_nothing(ray_local, tmp_path):
-    from shardfeed.tools.convert.ray_data import ShardDatasink
+    from shardfeed.formats.ray_data import ShardDatasink
 
     rows = _rows(200)
     rows[150]["__key__"] = "../escape"  # the writer refuses a path-like key: that task fails
@@ -64,7 +64,7 @@ def test_failing_write_task_publishes_nothing(ray_local, tmp_path):
 
 
 def test_datasource_equals_the_samples(ray_local, tmp_path):
-    from shardfeed.tools.convert.ray_data import ShardDatasource
+    from shardfeed.formats.ray_data import ShardDatasource
 
     root = str(tmp_path / "ds")
     with ShardWriter(root, max_shard_samples=30) as w:
@@ -89,7 +89,7 @@ def test_convert_engine_ray_equals_processes(ray_local, tmp_path):
 
 def test_datasink_append_commits_to_a_growing_dataset(ray_local, tmp_path):
     """Ingest: a Ray job adds its shards to a live dataset through the commit log."""
-    from shardfeed.tools.convert.ray_data import ShardDatasink
+    from shardfeed.formats.ray_data import ShardDatasink
 
     root = str(tmp_path / "live")
     with ShardWriter(root, append=True, max_shard_samples=50) as w:
@@ -100,3 +100,11 @@ def test_datasink_append_commits_to_a_growing_dataset(ray_local, tmp_path):
         ShardDatasink(root, max_shard_samples=40, append=True))
     assert sorted(s["__key__"] for s in _samples(root)) == [f"{i:08d}" for i in range(250)]
     assert [n for n in os.listdir(tmp_path) if n != "live"] == []  # the stage is gone
+
+
+def test_old_import_path_still_works():
+    """shardfeed.tools.convert.ray_data was the documented path before the classes moved into formats/."""
+    from shardfeed.formats import ray_data
+    from shardfeed.tools.convert.ray_data import ShardDatasink, ShardDatasource
+
+    assert ShardDatasink is ray_data.ShardDatasink and ShardDatasource is ray_data.ShardDatasource

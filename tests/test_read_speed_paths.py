@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from shardfeed.formats import ShardError, ShardWriter, open_index
-from shardfeed.formats.batch import BatchReader
-from shardfeed.formats.open_shards import TarView
+from shardfeed.formats.engine.batch import BatchReader
+from shardfeed.formats.engine.open_shards import TarView
 from shardfeed.loader import Loader, ShardDataset
 from tests.conftest import labelled_sample
 

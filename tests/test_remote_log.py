@@ -19,18 +19,13 @@ FAST = FetchOptions(range_bytes=1 << 16, threads=2, attempts=2, backoff_s=0.01, 
 
 
 @pytest.fixture(scope="module")
-def s3():
+def s3(moto_endpoint):
+    """The shared moto server (conftest.py) with the bucket these tests write to."""
     import boto3
-    from moto.server import ThreadedMotoServer
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    _, port = server.get_host_and_port()
-    endpoint = f"http://127.0.0.1:{port}"
-    boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing", aws_secret_access_key="testing",
+    boto3.client("s3", endpoint_url=moto_endpoint, aws_access_key_id="testing", aws_secret_access_key="testing",
                  region_name="us-east-1").create_bucket(Bucket="live")
-    yield endpoint
-    server.stop()
+    return moto_endpoint
 
 
 def _info(name: str) -> ShardInfo:

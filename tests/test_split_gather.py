@@ -1,4 +1,4 @@
-"""A batch's gather split over two threads (formats/split_gather.py) returns
+"""A batch's gather split over two threads (formats/engine/split_gather.py) returns
 exactly what one call returns, reports damage and truncation in either half
 as one call does, keeps small or contiguous batches as one call, and works
 in a forked child; the Loader allows it only at num_workers=0."""
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from shardfeed.formats import ShardError, ShardWriter, open_index
-from shardfeed.formats.batch import BatchReader
-from shardfeed.formats.split_gather import (
+from shardfeed.formats.engine.batch import BatchReader
+from shardfeed.formats.engine.split_gather import (
     EXPLORE_EVERY,
     EXPLORE_MAX,
     MIN_RUNS,

@@ -26,7 +26,7 @@ from shardfeed.formats import ShardError, ShardWriter, compact
 from shardfeed.formats.commit_log import LOG_DIR, end_stream, open_stream_index, publish, read_commits
 from shardfeed.formats.index import ShardInfo
 from shardfeed.loader import Loader, ShardDataset
-from shardfeed.loader.follow import tail_shares
+from shardfeed.shuffling.apportion import tail_shares
 
 # A writer process: appends ``n`` samples (keys PREFIX-i) in shards of
 # ``per_shard``, sleeping a random bit between shards, then ends the stream
@@ -301,8 +301,10 @@ def test_compact_while_following(tmp_path):
 
 
 def test_follow_needs_a_folder(tmp_path):
-    with pytest.raises(ShardError, match="growing dataset"):
-        ShardDataset(tmp_path / "nope", follow=True)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ShardError, match="growing dataset.*not a folder"):
+        ShardDataset(tmp_path / "file", follow=True)
+    # a folder that does not exist yet is waited for (tests/test_follow_start.py)
     with pytest.raises(TypeError, match="no fixed plan or length"):
         len(ShardDataset(_mk_live(tmp_path), follow=True))
 

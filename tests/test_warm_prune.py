@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 
-from shardfeed.formats.jit import LAST_USED, touch_used
+from shardfeed.formats.compiler.jit import LAST_USED, touch_used
 from shardfeed.tools.warm import prune
 
 DAY = 86400

@@ -129,7 +129,7 @@ def _ingest_source(source, writer, bar, key_prefix: str = "", seed: int | None =
 
 def _write_all(batches, source, writer, bar, key_prefix: str) -> None:
     from shardfeed.formats import ShardError
-    from shardfeed.tools.convert.job import _typed_for_columnar
+    from shardfeed.formats.columnar_values import typed_for_columnar
 
     for batch in batches:
         for sample in batch:
@@ -137,7 +137,7 @@ def _write_all(batches, source, writer, bar, key_prefix: str) -> None:
             if key_prefix:
                 sample["__key__"] = f"{key_prefix}/{sample['__key__']}"
             if writer.format != "tar":
-                sample = _typed_for_columnar(sample, where)
+                sample = typed_for_columnar(sample, where)
             try:
                 writer.write(sample)
             except (ValueError, TypeError) as e:

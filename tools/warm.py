@@ -7,7 +7,7 @@ after installing, so both are a set-up step rather than the first epoch of a
 user's job. It reads a tiny dataset written here through every shuffle order,
 format and read mode, and scans a foreign tar, under numba's JIT (which fills
 numba's cache), then compiles every signature those reads used into one
-extension module (formats/aot_build.py) that later processes load instead of
+extension module (formats/compiler/aot_build.py) that later processes load instead of
 numba. Without a C compiler the second part fails and says so: reads then
 use numba's JIT as before. Last, it removes the kernel folders of other
 sources (older versions, other checkouts) that no process has used for
@@ -80,11 +80,11 @@ def _kernels_off_the_read_path() -> None:
 
 
 KEEP_DAYS = 14.0
-_KEY_NAME = re.compile(r"[0-9a-f]{16}")  # formats.jit.source_key: only such folders are ever removed
+_KEY_NAME = re.compile(r"[0-9a-f]{16}")  # formats.compiler.jit.source_key: only such folders are ever removed
 
 
 def _last_use(folder: str) -> float:
-    from shardfeed.formats.jit import LAST_USED
+    from shardfeed.formats.compiler.jit import LAST_USED
 
     try:
         return os.stat(os.path.join(folder, LAST_USED)).st_mtime
@@ -123,7 +123,7 @@ def prune(root: str, keep: str, keep_days: float, now: float | None = None) -> t
 
 
 def _prune(args) -> None:
-    from shardfeed.formats import jit
+    from shardfeed.formats.compiler import jit
 
     if args.keep_days < 0 or os.environ.get("NUMBA_CACHE_DIR"):
         return  # a numba folder the user chose is theirs to manage
@@ -144,7 +144,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace | None = None) -> int:
-    from shardfeed.formats import aot, jit
+    from shardfeed.formats.compiler import aot, jit
 
     args = args or argparse.Namespace(no_aot=False, force=False, keep_days=KEEP_DAYS)
     _prune(args)
@@ -162,7 +162,7 @@ def main(args: argparse.Namespace | None = None) -> int:
           f"({n} samples read; cache {numba.config.CACHE_DIR})", flush=True)
     if args.no_aot:
         return 0
-    from shardfeed.formats import aot_build
+    from shardfeed.formats.compiler import aot_build
 
     try:
         path, count, secs = aot_build.build()

@@ -123,7 +123,7 @@ def main(args) -> int:
         try:
             import ray as _  # noqa: F401
         except ImportError:
-            print("bench convert: Ray is not installed; skipping the Ray row (pip install 'shardfeed[ray]')")
+            print("bench convert: Ray is not installed; skipping the Ray row (from the clone: pip install -e '.[ray]')")
             ray = False
     results = {}
     with tempfile.TemporaryDirectory(dir=args.out) as tmp:

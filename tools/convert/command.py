@@ -153,7 +153,8 @@ def _options(args):
         try:
             import ray  # noqa: F401  (checked here so the error comes before any work)
         except ImportError:
-            raise ValueError("--engine ray needs Ray: pip install 'shardfeed[ray]'") from None
+            raise ValueError("--engine ray needs Ray: pip install 'ray[data]' "
+                             "(from a shardfeed clone: pip install -e '.[ray]')") from None
     return ConvertOptions(format=args.format, max_shard_bytes=max_bytes, max_shard_samples=args.max_shard_samples,
                           compression=comp.lower() if comp else None, processes=args.processes,
                           shuffle_seed=args.shuffle_seed, overwrite=args.overwrite,
@@ -184,9 +185,10 @@ def main(args) -> int:
     from tqdm import tqdm
 
     from shardfeed.formats import ShardError
+    from shardfeed.formats.staging import check_destination
     from shardfeed.formats.writer import check_field
     from shardfeed.tools.convert.field_map import parse_field_specs
-    from shardfeed.tools.convert.job import check_destination, convert
+    from shardfeed.tools.convert.job import convert
     from shardfeed.tools.convert.sources import open_source
 
     if args.merge:
@@ -235,7 +237,7 @@ def main(args) -> int:
 
 def _report_stale(dst: str) -> None:
     """Remove what killed runs left beside DST, and say so (it may have been big)."""
-    from shardfeed.tools.convert.job import remove_stale_stages
+    from shardfeed.formats.staging import remove_stale_stages
 
     for path in remove_stale_stages(os.path.dirname(os.path.abspath(dst))):
         print(f"removed {path}, left by a conversion that is no longer running", file=sys.stderr)

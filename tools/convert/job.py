@@ -47,24 +47,22 @@ import shutil
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from shardfeed.formats import ShardError, ShardInfo, ShardWriter, codec_of, decode_field, write_index
+from shardfeed.formats import ShardError, ShardInfo, ShardWriter, write_index
+from shardfeed.formats.columnar_values import typed_for_columnar
 from shardfeed.formats.sidecar import SIDECAR_SUFFIX
+from shardfeed.formats.staging import check_destination, publish_stage, remove_stale_stages, stage_path
 from shardfeed.tools.convert.order import BucketShuffle, OutputOrder, bucket_samples_for
-from shardfeed.tools.convert.parts import write_part_manifest
-
-# staging checks and the swap into DST (_host and _SignalsHeld stay importable from here)
-from shardfeed.tools.convert.publish import _host, _publish, _SignalsHeld, check_destination, remove_stale_stages  # noqa: F401
+from shardfeed.tools.convert.parts import ConvertResult, write_part_manifest
 from shardfeed.tools.convert.resume import (
     StageLock,
     append_manifest,
     args_key,
     read_manifest,
     remove_superseded,
-    stage_path,
 )
 
 PART_PREFIX = "shard"
@@ -89,16 +87,6 @@ class ConvertOptions:
     address: str | None = None  # ray: the cluster to join (None: a local instance)
 
 
-@dataclass
-class ConvertResult:
-    root: str
-    samples: int
-    shards: int
-    bytes: int
-    seconds: float
-    fields: list = field(default_factory=list)
-
-
 def plan_parts(n: int, processes: int, max_shard_samples: int | None) -> list[tuple[int, int]]:
     """Contiguous [start, stop) ranges of the output order, one per process."""
     parts = max(1, min(processes, n))
@@ -108,19 +96,6 @@ def plan_parts(n: int, processes: int, max_shard_samples: int | None) -> list[tu
     cuts = [min(n, (blocks * p // parts) * unit) for p in range(parts + 1)]
     cuts[-1] = n
     return [(a, b) for a, b in zip(cuts, cuts[1:]) if b > a] or [(0, 0)]
-
-
-def _typed_for_columnar(sample: dict, where: str) -> dict:
-    """Tar payloads of int and text fields become typed columns in Parquet/Arrow."""
-    out = {}
-    for ext, value in sample.items():
-        if isinstance(value, bytes) and not ext.startswith("__") and codec_of(ext) in ("int", "text"):
-            try:
-                value = decode_field(ext, value)
-            except (ValueError, UnicodeDecodeError) as e:
-                raise ShardError(where, f"sample {sample.get('__key__')!r} field {ext!r}: {e}") from None
-        out[ext] = value
-    return out
 
 
 def _batches(source, order, a: int, b: int):
@@ -178,7 +153,7 @@ def write_part(source, order, a: int, b: int, part_dir: str, opts: ConvertOption
                                             "unique (or pass --shuffle-seed to separate them)")
                 prev_key = key
                 if opts.format != "tar":
-                    sample = _typed_for_columnar(sample, where)
+                    sample = typed_for_columnar(sample, where)
                 try:
                     writer.write(sample)
                 except (ValueError, TypeError) as e:
@@ -228,9 +203,9 @@ def _run_part(source, order, a, b, part_dir, opts):
 def _write_parts(source, order, parts, stage, opts, progress) -> list[tuple[list[ShardInfo], list[str]]]:
     dirs = [os.path.join(stage, f"part-{p:03d}") for p in range(len(parts))]
     if opts.engine == "ray":
-        from shardfeed.tools.convert.ray_data import write_parts_on_ray
+        from shardfeed.tools.convert.ray_engine import write_parts_on_ray
 
-        return write_parts_on_ray(source, order, parts, dirs, opts, progress)
+        return write_parts_on_ray(source, order, parts, dirs, opts, progress, write_part)
     if len(parts) == 1:
         return [write_part(source, order, *parts[0], dirs[0], opts, progress)]
     # spawn, not fork: the parent may hold Arrow/numba thread pools, which fork does not copy safely.
@@ -354,7 +329,7 @@ def convert(source, dst: str, opts: ConvertOptions, progress: Callable[[int], No
             write_index(stage, shards, fields, extra=extra)
         os.unlink(os.path.join(stage, ASSEMBLED))
         lock.release(remove=True)
-        _publish(stage, dst, opts.overwrite)
+        publish_stage(stage, dst, opts.overwrite)
     except BaseException:
         # An error or an interrupt (SIGINT, SIGTERM) is the user's stop: nothing is kept.
         # Only a run killed outright leaves its stage, for a rerun to continue.

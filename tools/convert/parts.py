@@ -21,11 +21,24 @@ import json
 import os
 import shutil
 import time
+from dataclasses import dataclass, field
 
 from shardfeed.formats import ShardError, ShardInfo, write_index
 from shardfeed.formats.sidecar import SIDECAR_SUFFIX
 
 PART_FILE = "part.json"
+
+
+@dataclass
+class ConvertResult:
+    """What a conversion (or a merge of parts) published."""
+
+    root: str
+    samples: int
+    shards: int
+    bytes: int
+    seconds: float
+    fields: list = field(default_factory=list)
 
 
 def parse_part(text: str) -> tuple[int, int]:
@@ -70,8 +83,8 @@ def _link(src: str, dst: str) -> None:
 
 def merge_parts(dst: str, part_dirs: list[str], overwrite: bool = False):
     """Publish the parts as one dataset at ``dst``; returns a ConvertResult."""
-    from shardfeed.tools.convert.job import ConvertResult, _publish, check_destination, remove_stale_stages
-    from shardfeed.tools.convert.resume import StageLock, args_key, stage_path
+    from shardfeed.formats.staging import check_destination, publish_stage, remove_stale_stages, stage_path
+    from shardfeed.tools.convert.resume import StageLock, args_key
 
     t0 = time.perf_counter()
     dst = os.path.abspath(dst)
@@ -129,7 +142,7 @@ def merge_parts(dst: str, part_dirs: list[str], overwrite: bool = False):
                                   f"{recs[0][1]['total_samples']}; a part is damaged, write it again")
         write_index(stage, shards, fields, extra=recs[0][1]["extra"])
         lock.release(remove=True)
-        _publish(stage, dst, overwrite)
+        publish_stage(stage, dst, overwrite)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         lock.release()

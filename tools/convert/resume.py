@@ -40,10 +40,6 @@ def args_key(parts: dict) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
-def stage_path(dst: str, key: str) -> str:
-    return os.path.join(os.path.dirname(dst), f".{os.path.basename(dst)}.convert-{key}")
-
-
 _KEYED = re.compile(r"^\.(?P<name>.+)\.convert-(?P<key>[0-9a-f]{16})$")
 
 

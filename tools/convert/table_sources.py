@@ -19,7 +19,7 @@ import numpy as np
 
 from shardfeed.formats import ShardError
 from shardfeed.tools.convert.field_map import RowMapper
-from shardfeed.tools.convert.sources import UnitSource
+from shardfeed.tools.convert.source_base import UnitSource
 from shardfeed.tools.text import plural
 
 

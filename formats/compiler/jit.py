@@ -1,0 +1,208 @@
+"""``njit``: shardfeed's kernels, ahead-of-time compiled when possible, else numba's JIT.
+
+Two ways to run a kernel, chosen once when this module is imported:
+
+- AOT: ``python -m shardfeed.tools.warm`` (run by ``make venv``; also
+  ``shardfeed warm``) compiles every signature the kernels were called with
+  into one extension module (formats/compiler/aot_build.py). When that module exists
+  for these exact sources, ``njit`` returns a thin proxy (formats/compiler/aot.py) that
+  calls it, and numba is not even imported: a fresh process reads its first
+  batch without numba's ~0.5 s set-up.
+- JIT: otherwise (no module yet, no C compiler, ``SHARDFEED_AOT=0``) ``njit``
+  is numba's jit with an on-disk cache, as before. A proxy that meets
+  argument types the module does not hold switches the process to this mode
+  (``use_jit``) and carries on.
+
+The caches cannot go stale: numba's cache checks only the source file of the
+function it compiled, so a kernel that inlines a jitted function of another
+module would keep running old machine code after that module changed (a
+mutation test found ``sequences.py`` still permuting with an old
+``permute_one``). Both caches live in a folder keyed by a hash of every module
+of the packages that hold kernels (formats/, shuffling/): any change to any of
+them starts a fresh folder, whether in development, in ``make test`` or after
+an upgrade in place.
+
+Set NUMBA_CACHE_DIR to choose numba's folder yourself (then the key is yours
+to manage). Every process that loads kernels from a folder touches its
+``last-used`` file, and ``shardfeed warm`` removes the folders of other
+sources unused for ``--keep-days`` (14 by default): one folder per source
+change piles up otherwise (~1 MB each, hundreds during development). Any
+folder can also be deleted by hand at any time; the next run compiles again
+(a one-time cost of seconds).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import json
+import logging
+import os
+import sys
+import threading
+
+log = logging.getLogger("shardfeed")
+
+_KERNEL_PACKAGES = ("shardfeed.formats", "shardfeed.shuffling")
+AOT_ENV = "SHARDFEED_AOT"  # "0": never load the compiled module (tests, debugging)
+
+
+def _package_dirs() -> list[str]:
+    dirs = []
+    for name in _KERNEL_PACKAGES:
+        spec = importlib.util.find_spec(name)  # does not import the package itself
+        if spec is not None and spec.submodule_search_locations:
+            dirs.extend(spec.submodule_search_locations)
+    return dirs
+
+
+def source_key(dirs) -> str:
+    """A hash of every .py file (path and bytes) under ``dirs``, subfolders included."""
+    h = hashlib.blake2b(digest_size=8)
+    for d in dirs:
+        for top, subdirs, names in os.walk(d):
+            subdirs[:] = sorted(s for s in subdirs if s != "__pycache__")
+            for name in sorted(names):
+                if name.endswith(".py"):
+                    rel = os.path.relpath(os.path.join(top, name), d)
+                    h.update(rel.encode() + b"\0")
+                    with open(os.path.join(top, name), "rb") as f:
+                        h.update(f.read())
+    return h.hexdigest()
+
+
+KEY = source_key(_package_dirs())
+
+
+def cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "shardfeed", "numba", KEY)
+
+
+def aot_dir() -> str:
+    """Where the compiled module of these sources lives: beside numba's cache, one folder per
+    Python, numpy and numba install, so several venvs sharing the cache each keep their own
+    (one folder would be rebuilt by each venv in turn, and the others would fall back to the JIT)."""
+    from shardfeed.formats.compiler import aot
+
+    env = hashlib.blake2b(json.dumps(aot._versions(), sort_keys=True).encode(), digest_size=6).hexdigest()
+    return os.path.join(cache_dir(), f"aot-{env}")
+
+
+def _configure(numba) -> None:
+    if not os.environ.get("NUMBA_CACHE_DIR"):
+        # read by numba when a cached function is decorated, so this runs before any kernel is
+        numba.config.CACHE_DIR = cache_dir()
+
+
+# Every kernel decorated so far, in either mode: the build reads their signatures.
+REGISTRY: list = []
+_lock = threading.Lock()
+_numba_njit = None  # numba.njit once the JIT is in use
+
+
+LAST_USED = "last-used"
+
+
+def touch_used(folder: str) -> None:
+    """Mark ``folder`` as used now (its ``last-used`` file's mtime), so `shardfeed warm` keeps it."""
+    try:
+        os.utime(os.path.join(folder, LAST_USED))
+    except FileNotFoundError:
+        try:
+            open(os.path.join(folder, LAST_USED), "a").close()
+        except OSError:
+            pass  # a read-only cache: nothing to prune there either
+    except OSError:
+        pass
+
+
+def _load_aot():
+    if os.environ.get(AOT_ENV, "1").strip() in ("0", "false", "no", "off"):
+        return None
+    from shardfeed.formats.compiler import aot
+
+    loaded = aot.load(aot_dir(), KEY)
+    if loaded is not None:
+        touch_used(cache_dir())
+    return loaded
+
+
+AOT = _load_aot()  # the loaded module (aot.Loaded), or None: JIT mode
+
+
+def _jit(fn, options):
+    d = _numba_njit(cache=True, **options)(fn)
+    REGISTRY.append(d)
+    return d
+
+
+def use_jit(reason: str = "") -> None:
+    """Switch this process to numba's JIT (imports numba; idempotent).
+
+    Every proxy gets its numba dispatcher, and each shardfeed module's global
+    that names a proxy or a deferred intrinsic is rebound to the real thing,
+    because numba compiles a kernel against the globals of its module."""
+    global _numba_njit
+    with _lock:
+        if _numba_njit is not None:
+            return
+        import numba
+
+        _configure(numba)
+        if os.path.isdir(cache_dir()):
+            touch_used(cache_dir())
+        from shardfeed.formats.compiler import aot
+
+        if reason:
+            log.info("shardfeed: using numba's JIT from now on: %s", reason)
+        nj = numba.njit
+        swap = {}
+        for k in list(REGISTRY):
+            if isinstance(k, aot.Kernel):
+                k.bind(nj(cache=True, **k.options)(k.py_func))
+                swap[id(k)] = k.jitted
+        for d in aot.DEFERRED:
+            swap[id(d)] = d.resolve()
+        for name, mod in list(sys.modules.items()):
+            if name.startswith("shardfeed.") and mod is not None:
+                g = vars(mod)
+                for attr, v in list(g.items()):
+                    if id(v) in swap and isinstance(v, (aot.Kernel, aot.Deferred)):
+                        g[attr] = swap[id(v)]
+        _numba_njit = nj
+
+
+if AOT is None:
+    use_jit()
+elif "numba" in sys.modules:
+    _configure(sys.modules["numba"])
+
+
+def njit(fn=None, **options):
+    """``numba.njit(cache=True, **options)``, or its compiled-module proxy."""
+    def wrap(f):
+        if _numba_njit is not None:
+            return _jit(f, options)
+        from shardfeed.formats.compiler import aot
+
+        k = aot.Kernel(f, options, AOT)
+        REGISTRY.append(k)
+        return k
+
+    return wrap(fn) if fn is not None else wrap
+
+
+def jit_in_use() -> bool:
+    return _numba_njit is not None
+
+
+def deferred(module: str, name: str):
+    """``module.name`` now in JIT mode; in AOT mode a placeholder that ``use_jit`` resolves
+    (for numba intrinsics, which must not import numba while the compiled module serves)."""
+    if _numba_njit is not None:
+        return getattr(importlib.import_module(module), name)
+    from shardfeed.formats.compiler import aot
+
+    return aot.Deferred(module, name)

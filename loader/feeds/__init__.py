@@ -1,0 +1,1 @@
+"""Feeds: what a Loader reads next, one work item at a time (base.py holds the contract)."""
