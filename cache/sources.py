@@ -3,10 +3,10 @@
 One small interface (`Source`: ``size()``, ``read_range(start, end)``,
 ``list()``) with three backends: plain paths and ``file://`` read with
 pread; ``http(s)://`` by shardfeed's own checked, bounded client
-(http_source.py); every other scheme fsspec knows (``s3://``, ``gs://`` ...)
-through fsspec. An unknown scheme, a scheme whose fsspec driver is not
-installed, and shell URLs (``pipe:``) are refused with a ShardError naming
-the URL: the cache never runs a command to get bytes.
+(http_source.py); ``s3://``, ``gs://`` and ``az://`` through fsspec
+(REMOTE_SCHEMES). Any other scheme (``ftp://``, ...), a scheme whose fsspec
+driver is not installed, and shell URLs (``pipe:``) are refused with a
+ShardError naming the URL: the cache never runs a command to get bytes.
 """
 
 from __future__ import annotations
@@ -18,6 +18,10 @@ from shardfeed.formats import ShardError
 
 # Schemes whose driver ships outside fsspec itself, and the extra that installs it.
 _EXTRAS = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs"}
+# The remote schemes read here: others fsspec knows (ftp, sftp, hdfs, ...) are refused up
+# front rather than failing (or hanging) inside the node cache later.
+REMOTE_SCHEMES = ("http", "https", *_EXTRAS)
+SUPPORTED = "a local path or a file://, http(s)://, s3://, gs:// or az:// URL"
 _REFUSED = ("pipe", "shell", "cmd")
 _filesystems: dict = {}  # (pid, scheme, options) -> this process's fsspec filesystem
 
@@ -135,16 +139,25 @@ def _merge(defaults: dict, given: dict) -> dict:
     return out
 
 
+def check_url(url: str) -> str:
+    """``url``'s scheme ('' for a path); ShardError naming the URL and the supported
+    schemes for a shell URL or a scheme shardfeed has no reader for."""
+    scheme = scheme_of(str(url))
+    if scheme in _REFUSED:
+        raise ShardError(url, f"{scheme}: URLs run shell commands and are refused; give {SUPPORTED}")
+    if scheme not in ("", "file", *REMOTE_SCHEMES):
+        raise ShardError(url, f"unknown URL scheme {scheme!r}: shardfeed has no reader for it; give "
+                              f"{SUPPORTED}")
+    return scheme
+
+
 def open_source(url: str, storage_options: dict | None = None, stall_s: float = 30.0,
                 min_rate: float = 0.0) -> Source:
     """The Source for ``url``; ``storage_options`` go to the fsspec filesystem
     of the URL's scheme (as in ``fsspec.open``), over stall-timeout defaults;
     for http(s):// only ``headers`` is used."""
     url = str(url)
-    scheme = scheme_of(url)
-    if scheme in _REFUSED:
-        raise ShardError(url, f"{scheme}: URLs run shell commands and are refused; give a path or an "
-                              "http(s)://, s3://, gs:// or file:// URL")
+    scheme = check_url(url)
     if scheme in ("", "file"):
         return LocalSource(url)
     if scheme in ("http", "https"):
@@ -152,11 +165,6 @@ def open_source(url: str, storage_options: dict | None = None, stall_s: float = 
 
         return HttpSource(url, stall_s, min_rate, (storage_options or {}).get("headers"))
     import fsspec
-    from fsspec.registry import known_implementations, registry
-
-    if scheme not in known_implementations and scheme not in registry:
-        raise ShardError(url, f"unknown URL scheme {scheme!r}; shardfeed reads paths, file://, http(s)://, "
-                              "s3://, gs:// and the other fsspec schemes")
     opts = _merge(_default_options(scheme, stall_s), storage_options or {})
     if _filesystems.get("pid") != os.getpid():
         # a forked child: fsspec's one event-loop thread did not come along, and

@@ -54,6 +54,7 @@ class LogView:
 
     shards: list
     end: int | None
+    fields: tuple = ()  # field names the shards' commits record, first seen first
 
     @property
     def last_seq(self) -> int | None:
@@ -86,6 +87,13 @@ def _shard(rec: dict, path: str) -> ShardInfo:
     if info.format not in FORMATS or not 0 <= info.samples < MAX_COUNT or not 0 <= info.bytes < MAX_COUNT:
         raise ShardError(path, f"commit log entry has bad values {rec!r}")
     return info
+
+
+def _fields(rec: dict, path: str) -> list:
+    got = rec.get("fields", [])
+    if not isinstance(got, list) or len(got) > 4096 or not all(isinstance(f, str) and 0 < len(f) <= 256 for f in got):
+        raise ShardError(path, f"commit log entry has a bad fields list {str(got)[:200]}")
+    return got
 
 
 def _seqs(log: str) -> list[int]:
@@ -129,7 +137,7 @@ def read_commits(root: str, after: int = 0) -> LogView:
     end (only a damaged or hand-edited log has that), a hole or a name
     committed twice among them is an error."""
     log = os.path.join(root, LOG_DIR)
-    shards, end = [], None
+    shards, end, fields = [], None, {}
     for seq in check_no_holes(_seqs(log), after, log, lambda: base_log_seq(root)):
         path = os.path.join(log, f"{seq:012d}.json")
         if end is not None:
@@ -140,8 +148,9 @@ def read_commits(root: str, after: int = 0) -> LogView:
             end = seq
         else:
             shards.append((seq, _shard(rec, path)))
+            fields.update(dict.fromkeys(_fields(rec, path)))
     check_new_names({}, shards, log)
-    return LogView(shards, end)
+    return LogView(shards, end, tuple(fields))
 
 
 def read_log(root: str, after: int = 0) -> list[tuple[int, ShardInfo]]:
@@ -252,11 +261,14 @@ def _commit(root: str, record: dict, what: str, name: str | None = None) -> int:
         os.unlink(tmp)
 
 
-def publish(root: str, info: ShardInfo) -> int:
+def publish(root: str, info: ShardInfo, fields=()) -> int:
     """Commit one completely written shard to a live dataset; returns its sequence number.
-    ShardError once the stream has ended."""
+    ``fields``: the sample fields written so far (the index lists them). ShardError once the stream has ended."""
     check_shard_name(info.name, root)
-    return _commit(root, dict(info.__dict__), f"shard {info.name}", info.name)
+    record = dict(info.__dict__)
+    if fields:
+        record["fields"] = list(fields)
+    return _commit(root, record, f"shard {info.name}", info.name)
 
 
 def end_stream(root: str) -> int:
@@ -282,6 +294,7 @@ def open_stream_index(root: str) -> tuple[DatasetIndex, LogView]:
         raise ShardError(root, f"not a growing dataset: no {INDEX_NAME} and no commit log ({LOG_DIR}/); "
                                "create it with ShardWriter(root, append=True)")
     view = read_commits(root, after=log_seq)
+    fields = list(dict.fromkeys([*fields, *view.fields]))
     entries = view.shards
     check_unique_names(list(names) + [e.name for _, e in entries], root)
     check_new_names({}, entries, root)

@@ -259,19 +259,17 @@ def _read_index_file(path: str, root: str) -> tuple[dict, list]:
 
 
 def read_log(root: str, after: int = 0) -> list[tuple[int, ShardInfo]]:
-    """Published shards with sequence number > ``after``, in commit order (an end-of-stream
-    commit is left out; see formats/commit_log.py, which owns the log)."""
+    """Published shards with seq > ``after``, in commit order, no end marker (formats/commit_log.py owns the log)."""
     from shardfeed.formats import commit_log  # it builds on this module
 
     return commit_log.read_log(root, after)
 
 
-def publish(root: str, info: ShardInfo) -> int:
-    """Commit one completely written shard to a live dataset; returns its sequence number
-    (create-if-absent, no holes; ShardError once the stream has ended)."""
+def publish(root: str, info: ShardInfo, fields=()) -> int:
+    """Commit a written shard (and the fields written so far) to a live dataset: its seq (see commit_log.publish)."""
     from shardfeed.formats import commit_log
 
-    return commit_log.publish(root, info)
+    return commit_log.publish(root, info, fields)
 
 
 def check_unique_names(names, where: str) -> None:
@@ -325,7 +323,9 @@ def open_index(source, follow_log: bool = True, on_error: str = "raise") -> Data
             if not shards:
                 raise ShardError(root, f"no {INDEX_NAME}, no commit log and no tar shards here")
             return _scan_foreign(root, shards, on_error)
-    entries = read_log(root, after=log_seq) if follow_log else []
+    from shardfeed.formats.commit_log import read_commits  # it builds on this module
+    view = read_commits(root, after=log_seq) if follow_log else None  # the log's fields are the index's too
+    entries, fields = (view.shards, list(dict.fromkeys([*fields, *view.fields]))) if view else ([], fields)
     if os.path.isdir(os.path.join(root, LOG_DIR)):
         check_unique_names(list(names) + [e.name for _, e in entries], root)
     if entries:

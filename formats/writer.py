@@ -304,7 +304,7 @@ class ShardWriter:
         self.shards.append(info)
         self.bytes_written += size
         if self.append:
-            publish(self.root, info)
+            publish(self.root, info, self.fields)
 
     def close(self) -> None:
         if self._closed:

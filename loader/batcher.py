@@ -13,6 +13,7 @@ from __future__ import annotations
 import inspect
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
@@ -20,15 +21,16 @@ import numpy as np
 from shardfeed.formats import ShardError, codec_of, decode_field
 from shardfeed.formats.engine.batch import BatchReader, RawBatch, parse_ints
 from shardfeed.formats.errors import ReadError
+from shardfeed.loader.batch_seeds import generator, seeded
 from shardfeed.loader.collate import Blob, Strs, collate_column, default_collate, gathered_column
 from shardfeed.loader.errors import ErrorPolicy
 
 AHEAD_BATCHES = 8  # of its own next batches whose compressed shards a reader decompresses ahead
 
 
-def _accepts_image_size(fn) -> bool:
+def _accepts(fn, name: str) -> bool:
     try:
-        return "image_size" in inspect.signature(fn).parameters
+        return name in inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return False
 
@@ -54,7 +56,12 @@ class BatchMaker:
         self.reader = BatchReader(index, verify=True, skip=self.policy.skip, read_mode=read_mode, **extra)
         self.decode = decode
         self.transform = transform
-        self.transform_takes_size = transform is not None and _accepts_image_size(transform)
+        self.transform_takes_size = transform is not None and _accepts(transform, "image_size")
+        self.transform_takes_rng = transform is not None and _accepts(transform, "rng")
+        # (seed, epoch, step, rank) of the next make(), set by the Loader: a
+        # transform's draws are seeded per batch (batch_seeds.py); None: unseeded
+        self.batch_key: tuple[int, ...] | None = None
+        self.restore_rng = True  # put the process's global RNG states back after a batch (False in a worker)
         self.collate_fn = collate_fn
         self.unsafe = tuple(unsafe)
         self._buf: np.ndarray | None = None
@@ -136,9 +143,12 @@ class BatchMaker:
             columns = self._columns(raw, image_size, errors)
             t2 = t3 = time.perf_counter()
         else:
-            samples = self._samples(raw, image_size, errors)
-            t2 = time.perf_counter()
-            columns = (self.collate_fn or default_collate)(samples)
+            key = self.batch_key
+            with seeded(key, self.restore_rng) if key is not None else nullcontext():
+                rng = generator(key) if self.transform_takes_rng and key is not None else None
+                samples = self._samples(raw, image_size, errors, rng)
+                t2 = time.perf_counter()
+                columns = (self.collate_fn or default_collate)(samples)
             t3 = time.perf_counter()
         info = {"read_s": t1 - t0, "decode_s": t2 - t1, "collate_s": t3 - t2, "bytes": raw.bytes_read,
                 "errors": errors, "samples": _rows(columns, raw)}
@@ -224,9 +234,14 @@ class BatchMaker:
             errors.append(ReadError(p, f"sample {raw.keys[r]!r}: {reasons[r]}", 1))
 
     # -- slow path: per-sample dicts for a transform or a custom collate --
-    def _samples(self, raw: RawBatch, image_size, errors) -> list[dict]:
+    def _samples(self, raw: RawBatch, image_size, errors, rng=None) -> list[dict]:
         mv = memoryview(raw.buf)
         out = []
+        kw = {}
+        if self.transform_takes_size:
+            kw["image_size"] = image_size
+        if self.transform_takes_rng:
+            kw["rng"] = rng if rng is not None else np.random.default_rng()
         columns = {name: spec for name, spec in raw.fields.items()}
         for r in range(len(raw)):
             sample: dict[str, Any] = {"__key__": raw.keys[r]}
@@ -253,8 +268,7 @@ class BatchMaker:
                 errors.append(ReadError(path, reason, 1))
                 continue
             if self.transform is not None:
-                sample = (self.transform(sample, image_size=image_size) if self.transform_takes_size
-                          else self.transform(sample))
+                sample = self.transform(sample, **kw)
             out.append(sample)
         return out
 

@@ -110,6 +110,10 @@ class ShardDataset(torch.utils.data.IterableDataset):
         if not isinstance(source, (str, list, tuple)):
             source = os.fspath(source)
         remote = isinstance(source, str) and _is_url(source)
+        if remote:  # a scheme without a reader fails here, before any cache is set up for it
+            from shardfeed.cache.sources import check_url
+
+            check_url(source)
         if transform is not None and not callable(transform):
             raise TypeError(f"transform must be callable, got {transform!r}")
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
@@ -299,7 +303,9 @@ class ShardDataset(torch.utils.data.IterableDataset):
 
 
 def _is_url(source: str) -> bool:
-    return "://" in source and not source.startswith("file://") or source.split(":", 1)[0].lower() in ("pipe",)
+    from shardfeed.cache.sources import scheme_of
+
+    return scheme_of(source) not in ("", "file")
 
 
 def _local_folder(source: str) -> str:

@@ -29,6 +29,7 @@ import torch
 from shardfeed.formats.engine.split_gather import threads_allowed
 from shardfeed.loader import state as _state
 from shardfeed.loader.audit import AuditRecorder
+from shardfeed.loader.batch_seeds import set_batch
 from shardfeed.loader.collate import check_bytes_as, materialize
 from shardfeed.loader.dataset import ShardDataset
 from shardfeed.loader.schedule import BatchSchedule, Stage
@@ -96,9 +97,10 @@ class Loader:
             pin_memory = False
         self.pin_memory = pin_memory
         self.bytes_as = check_bytes_as(bytes_as)
-        if multiprocessing_context is None and getattr(dataset, "remote", False):
-            # fsspec's async clients (http, s3) hold an event-loop thread a forked worker lacks: it can hang
-            multiprocessing_context = "spawn"
+        # Remote datasets fork workers too (a script without a __main__ guard works as with a
+        # local path): fsspec's event-loop thread does not come along, so each worker makes its
+        # own filesystems after the fork (cache/sources.py), and the pool forks before the
+        # prefetch threads start (_iterate).
         self.mp_context = multiprocessing_context
         self.policy = dataset.policy
         # The feed runs ahead of the consumer (prefetch); this is the feed's
@@ -157,7 +159,13 @@ class Loader:
         feed.reset(self._pos)
         self.dataset.image_size = feed.stage().image_size
         if self._cache is not None:
-            self._cache.start(self._pos)
+            if self.num_workers and self._cache.prefetcher is None:
+                self._start_pool()  # fork while no prefetch thread runs (one could hold a lock the child needs)
+            try:
+                self._cache.start(self._pos)
+            except BaseException:
+                self._shutdown_pool()
+                raise
         st = self._stats
         st.start_epoch(self.epoch, fresh=self._pos["step"] == 0)
         st.started = time.perf_counter()
@@ -209,6 +217,7 @@ class Loader:
         for item in feed:
             if hint is not None:
                 hint(item.plan, item.start, item.stop)
+            set_batch(maker, self._batch_key(item))
             cols, info = maker.make(item.ids(), item.image_size)
             yield item, cols, info
 
@@ -237,13 +246,20 @@ class Loader:
                     pool.set_plan(item.plan)
                     sent_plan = item.plan
                 pool.submit(worker_of(item.step, W), item.step, item.start, item.stop, (item.step // W) % P,
-                            item.image_size)
+                            item.image_size, self._batch_key(item))
                 pending.append(item)
             if not pending:
                 return
             item = pending.popleft()
             cols, info = pool.receive(worker_of(item.step, W), item.step, (item.step // W) % P)
             yield item, cols, info
+
+    def _batch_key(self, item) -> tuple[int, ...]:
+        """What seeds this step's transform draws (batch_seeds.py): (seed, epoch, step, rank),
+        plus the epoch's resizes when an elastic resume restarted its step count."""
+        key = (self.dataset.seed, item.epoch, item.step, self.feed.rank)
+        resizes = len(item.state.get("history") or ())
+        return key + (resizes,) if resizes else key
 
     def _account(self, info: dict, resumed: float, t1: float) -> None:
         st = self._stats

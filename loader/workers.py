@@ -4,7 +4,8 @@ Batch ``b`` of an epoch always goes to worker ``b % num_workers`` and the
 main process takes results in batch order, so the order never depends on the
 number of workers. A worker gets the epoch's plan once per iteration
 (``("plan", plan)``: ~1.4 KB pickled) and then only ``(b, start, stop,
-slot, image_size)`` per batch, computing the sample ids itself: the main
+slot, image_size, key)`` per batch (key: what seeds the batch's transform,
+batch_seeds.py), computing the sample ids itself: the main
 process neither computes nor pickles them (~45 us per batch of 256 there).
 Results are values: ``("ok", b, header, info)`` or
 ``("err", b, exception, traceback text)``; an exception raised in a worker is
@@ -25,11 +26,13 @@ import multiprocessing as mp
 import os
 import pickle
 import select
+import sys
 import traceback
 from multiprocessing.connection import wait
 
 from shardfeed.formats import ShardError
 from shardfeed.loader import shm
+from shardfeed.loader.batch_seeds import in_worker, set_batch
 from shardfeed.loader.errors import WorkerError
 
 _PARENT_CHECK_S = 1.0
@@ -54,6 +57,7 @@ def _worker_main(wid: int, make_maker, tasks, results, prefix: str, slots: int, 
     except Exception:
         pass
     maker = make_maker()
+    in_worker(maker)
     warm = getattr(make_maker, "warm", None)
     if warm is not None:  # load jitted code now, in parallel with the other workers
         warm(maker)
@@ -78,8 +82,9 @@ def _worker_main(wid: int, make_maker, tasks, results, prefix: str, slots: int, 
             if msg[0] == "plan":
                 plan = msg[1]
                 continue
-            b, start, stop, slot, image_size = msg
+            b, start, stop, slot, image_size, key = msg
             try:
+                set_batch(maker, key)
                 ids = plan.positions(start, stop)
                 hint = getattr(maker, "hint", None)
                 if hint is not None:
@@ -106,6 +111,7 @@ class WorkerPool:
             context = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
         ctx = mp.get_context(context) if isinstance(context, str) else context
         forked = ctx.get_start_method() == "fork"
+        self.start_method = ctx.get_start_method()
         # a forkserver child's parent is the server, not us: it notices our
         # death by EOF on its task pipe instead
         parent = None if ctx.get_start_method() == "forkserver" else os.getpid()
@@ -166,12 +172,13 @@ class WorkerPool:
             except (BrokenPipeError, OSError):
                 self._raise_dead(w, -1)
 
-    def submit(self, w: int, b: int, start: int, stop: int, slot: int, image_size) -> None:
-        """Batch ``b``: positions ``start:stop`` of the current plan, into ``slot``."""
+    def submit(self, w: int, b: int, start: int, stop: int, slot: int, image_size, key=None) -> None:
+        """Batch ``b``: positions ``start:stop`` of the current plan, into ``slot``; ``key``
+        seeds its transform's draws (batch_seeds.py)."""
         if self._closed:
             raise RuntimeError("the loader's workers are closed")
         try:
-            self.tasks[w].send((b, start, stop, slot, image_size))
+            self.tasks[w].send((b, start, stop, slot, image_size, key))
         except (BrokenPipeError, OSError):
             self._raise_dead(w, b)
         self.outstanding[w] += 1
@@ -219,7 +226,16 @@ class WorkerPool:
         how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
         self.close()
         raise WorkerError(f"loader worker {w} (pid {p.pid}) {how} while the main process waited for batch {b}; "
-                          "the epoch cannot continue (resume from the last state_dict())")
+                          f"the epoch cannot continue (resume from the last state_dict()){self._spawn_hint(code)}")
+
+    def _spawn_hint(self, code) -> str:
+        main = sys.modules.get("__main__")
+        if code != 1 or self.start_method == "fork" or not getattr(main, "__file__", None):
+            return ""
+        # the usual cause: a spawned child imports the script again and starts a Loader of its own
+        return (f". Workers started with {self.start_method!r} import the main script ({main.__file__}) again: "
+                "put the code that builds and iterates the Loader under `if __name__ == \"__main__\":`, or pass "
+                "multiprocessing_context=\"fork\"")
 
     def drain(self) -> None:
         """Discard results of an abandoned iteration so the next one starts clean."""

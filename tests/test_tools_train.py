@@ -119,11 +119,11 @@ def test_train_on_data_without_image_and_cls_names_what_it_has(tmp_path):
                            "txt, json")
 
 
-def test_train_audit_needs_a_checkpoint_and_a_fixed_dataset(tmp_path):
+def test_train_audit_needs_a_checkpoint_and_no_replay(tmp_path):
     _write(tmp_path / "train", 40, 0)
     _assert_one_line_error(_train(tmp_path / "train", "--audit"), "--audit", "--checkpoint")
-    _assert_one_line_error(_train(tmp_path / "train", "--audit", "--follow", "--checkpoint", tmp_path / "ck.pt"),
-                           "--audit", "--follow")
+    _assert_one_line_error(_train(tmp_path / "train", "--audit", "--follow", "--replay", "0.2", "--checkpoint",
+                                  tmp_path / "ck.pt"), "--audit", "--replay 0.2")
 
 
 def test_train_checks_eval_data_and_options_too(tmp_path):

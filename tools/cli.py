@@ -57,12 +57,18 @@ def bad_number(args: argparse.Namespace) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from shardfeed.tools.extras import MissingExtra
+
     args = build_parser().parse_args(argv)
     err = bad_number(args)
     if err:
         print(f"shardfeed {args.command}: error: {err}", file=sys.stderr)
         return 2
-    return int(importlib.import_module(args._module).main(args) or 0)
+    try:
+        return int(importlib.import_module(args._module).main(args) or 0)
+    except MissingExtra as e:  # an optional dependency (the bench extra): one line saying how to install it
+        print(f"shardfeed {args.command}: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -10,6 +10,11 @@ that ends the stream (followers stop there, all at the same step).
 ``--follow-src FOLDER`` keeps polling a folder that files land in (a producer
 should write each under a dot-name or elsewhere and rename it in: files are
 taken by name, once) until ``--idle-exit-s`` passes without a new file.
+``--shuffle-seed S`` writes each source (SRC, or each file of --follow-src) in
+a random order fixed by S, as convert does; a stream cannot be shuffled
+across sources, so a class-ordered producer should be shuffled upstream or
+per file. At the end the shards this run published are checked as `inspect`
+does, with a warning when they are class-ordered (each holds few classes).
 
 Exit codes: 0 done; 2 bad input or options; 130/143 stopped by SIGINT/SIGTERM
 (the shard in progress is dropped, every shard published before stays).
@@ -44,6 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="map a table column to a sample field (repeatable; see convert --help)")
     p.add_argument("--key-column", metavar="COL", help="table column holding each sample's key")
     p.add_argument("--prefix", default="ingest", help="shard name prefix (names are unique per writer anyway)")
+    p.add_argument("--shuffle-seed", type=int, metavar="SEED",
+                   help="write each source's samples in a random order fixed by SEED (as convert does; "
+                        "each --follow-src file is shuffled within itself)")
     p.add_argument("--follow-src", action="store_true",
                    help="SRC is a folder: after its files, keep ingesting files that appear in it")
     p.add_argument("--poll-s", type=float, default=1.0, help="--follow-src: seconds between looks at SRC")
@@ -91,16 +99,45 @@ def _raise_stop(signum, _frame):
     raise _Stop(signum)
 
 
-def _ingest_source(source, writer, bar, key_prefix: str = "") -> int:
-    """Write every sample of ``source``; the writer publishes each full shard."""
+def _order(source, n: int, seed: int | None, stage_parent: str):
+    """(output order, its bucket folder or None): convert's keyed permutation, or its
+    two-pass bucket shuffle for sources read front to back (tools/convert/order.py)."""
+    import tempfile
+
     import numpy as np
 
+    from shardfeed.tools.convert.order import BucketShuffle, OutputOrder, bucket_samples_for
+
+    if seed is None or n == 0 or getattr(source, "random_access", True):
+        return OutputOrder(n, seed), None
+    folder = tempfile.mkdtemp(prefix=".ingest-shuffle-", dir=stage_parent)
+    shuffle = BucketShuffle(folder, n, seed, bucket_samples_for(source.load_many(np.arange(min(n, BATCH))), n))
+    shuffle.scatter(source.load_many, BATCH)
+    return shuffle, folder
+
+
+def _ingest_source(source, writer, bar, key_prefix: str = "", seed: int | None = None) -> int:
+    """Write every sample of ``source`` (in the order ``seed`` fixes); the writer publishes each full shard."""
+    import shutil
+
+    from shardfeed.tools.convert.job import _batches
+
+    n = len(source)
+    order, folder = _order(source, n, seed, os.path.dirname(os.path.abspath(writer.root)))
+    try:
+        _write_all(_batches(source, order, 0, n), source, writer, bar, key_prefix)
+    finally:
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+    source.close()
+    return n
+
+
+def _write_all(batches, source, writer, bar, key_prefix: str) -> None:
     from shardfeed.formats import ShardError
     from shardfeed.formats.columnar_values import typed_for_columnar
 
-    n = len(source)
-    for start in range(0, n, BATCH):
-        batch = source.load_many(np.arange(start, min(n, start + BATCH), dtype=np.int64))
+    for batch in batches:
         for sample in batch:
             where = sample.pop("__src__", None) or source.describe()
             if key_prefix:
@@ -112,8 +149,6 @@ def _ingest_source(source, writer, bar, key_prefix: str = "") -> int:
             except (ValueError, TypeError) as e:
                 raise ShardError(where, str(e)) from None
         bar.update(len(batch))
-    source.close()
-    return n
 
 
 def _new_files(folder: str, seen: set) -> list[str]:
@@ -131,7 +166,8 @@ def run(args, writer, bar) -> int:
 
     specs = parse_field_specs(args.field)
     if not args.follow_src:
-        return _ingest_source(open_source(args.src, args.source_type, specs, args.key_column), writer, bar)
+        return _ingest_source(open_source(args.src, args.source_type, specs, args.key_column), writer, bar,
+                              seed=args.shuffle_seed)
     seen: set = set()
     total, last_new = 0, time.monotonic()
     while True:
@@ -141,13 +177,36 @@ def run(args, writer, bar) -> int:
             source = open_source(os.path.join(args.src, name), args.source_type, specs, args.key_column)
             # rows of each file are numbered from 0: the file's name keeps keys apart
             stem = name.split(".", 1)[0]
-            total += _ingest_source(source, writer, bar, key_prefix=stem if args.key_column is None else "")
+            total += _ingest_source(source, writer, bar, key_prefix=stem if args.key_column is None else "",
+                                    seed=args.shuffle_seed)
         if names:
             last_new = time.monotonic()
         elif time.monotonic() - last_new >= args.idle_exit_s:
             return total
         else:
             time.sleep(args.poll_s)
+
+
+def class_order_warning(writer) -> str | None:
+    """The warning `inspect` gives, for the shards this writer published (None when they mix classes)."""
+    import numpy as np
+
+    from shardfeed.formats.index import DatasetIndex
+    from shardfeed.tools.inspect_cmd import class_stats
+
+    shards = writer.shards
+    if len(shards) < 2 or "cls" not in writer.fields:
+        return None
+    index = DatasetIndex(writer.root, [s.name for s in shards], [s.format for s in shards],
+                         np.array([s.samples for s in shards], np.int64), np.array([s.bytes for s in shards], np.int64),
+                         [s.hash for s in shards], writer.fields, {})
+    stats = class_stats(index)
+    if stats is None or not stats["class_ordered"]:
+        return None
+    return (f"the {len(shards)} shards published are class-ordered: each holds few of the {stats['classes']} "
+            f"classes ({stats['mean_shard_entropy_bits']:.2f} bits of label entropy per shard, "
+            f"{stats['entropy_bits']:.2f} over all), so no read-time shuffle buffer can mix batches; ingest with "
+            "--shuffle-seed SEED (or shuffle the source upstream)")
 
 
 def main(args) -> int:
@@ -195,6 +254,12 @@ def main(args) -> int:
     print(f"ingested {plural(total, 'sample')} into {plural(len(writer.shards), 'published shard')}, "
           f"{human_bytes(writer.bytes_written)} in {secs:.2f} s ({total / secs:,.0f} samples/s) -> "
           f"{args.dst}{ended}")
+    try:
+        warning = class_order_warning(writer)
+    except ShardError as e:  # the check reads shards back; a failure there is not the ingest's
+        warning = f"class order not checked: {e}"
+    if warning:
+        print(f"shardfeed ingest: warning: {warning}", file=sys.stderr)
     return 0
 
 

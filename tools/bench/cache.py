@@ -234,7 +234,9 @@ def markdown(rows, cold, setup, total, checks) -> str:
 
 
 def plot(rows, path: str) -> None:
-    import matplotlib
+    from shardfeed.tools.extras import require
+
+    matplotlib = require("matplotlib", "the benchmark plots")
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -12,7 +12,9 @@ def _color(lib: str) -> str:
 
 
 def _plt():
-    import matplotlib
+    from shardfeed.tools.extras import require
+
+    matplotlib = require("matplotlib", "the benchmark plots")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt

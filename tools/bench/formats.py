@@ -142,6 +142,9 @@ print(json.dumps({"s": dt, "rss": proc.memory_info().rss - rss0, "peak": peak, "
 
 
 def bench_index_open(work: str, shards: int) -> dict:
+    from shardfeed.tools.extras import require
+
+    require("psutil", "the index-open benchmark's memory sampling")  # its child processes import it
     root = os.path.join(work, "bigindex")
     os.makedirs(root, exist_ok=True)
     per = 1_000_000_000 // shards

@@ -22,7 +22,9 @@ def _tree_rss(proc) -> tuple[int, int]:
     touched); anonymous RSS (RSS minus file-backed and shared pages) is its
     heap alone. Both are kept: the targets use RSS, the other tells why.
     """
-    import psutil
+    from shardfeed.tools.extras import require
+
+    psutil = require("psutil", "the benchmarks' memory sampling")
     total = anon = 0
     try:
         procs = [proc] + proc.children(recursive=True)
@@ -40,7 +42,9 @@ def _tree_rss(proc) -> tuple[int, int]:
 
 def run_child(job: dict, timeout: float) -> dict:
     """Runs one job in a fresh interpreter, sampling the RSS of its whole process tree."""
-    import psutil
+    from shardfeed.tools.extras import require
+
+    psutil = require("psutil", "the benchmarks' memory sampling")
     cmd = [sys.executable, "-m", "shardfeed.tools.bench.child", json.dumps(job)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)

@@ -226,7 +226,9 @@ def render(report: dict) -> str:
 
 
 def plot_report(report: dict, path: str) -> None:
-    import matplotlib
+    from shardfeed.tools.extras import require
+
+    matplotlib = require("matplotlib", "the benchmark plots")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -108,7 +108,7 @@ def _rss() -> int:
     try:
         import psutil
         return psutil.Process().memory_info().rss
-    except ImportError:  # psutil is a dependency, but keep the bench usable without it
+    except ImportError:  # psutil is in the bench extra: without it, read /proc
         with open(f"/proc/{os.getpid()}/statm") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
@@ -193,7 +193,9 @@ def quality_markdown(table) -> str:
 
 
 def plot(points, path) -> None:
-    import matplotlib
+    from shardfeed.tools.extras import require
+
+    matplotlib = require("matplotlib", "the benchmark plots")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4.5))

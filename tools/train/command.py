@@ -5,7 +5,8 @@ A small CNN on image shards, on N local CPU ranks (gloo) or under torchrun
 line every --log-every steps (loss, samples/s, data stall, cache hits, bytes
 fetched), held-out accuracy each epoch, a summary and a PNG plot at the end.
 Checkpoints hold model, optimizer, LR scheduler and loader state; --resume
-continues exactly, also with another number of ranks. Launch it either way:
+continues exactly, also with another number of ranks. Ranks end with the
+launcher, however it ends (launch.py). Launch it either way:
 
     shardfeed train DATA --ranks 2                 # spawns 2 local ranks
     torchrun --nproc-per-node 2 -m shardfeed.tools.train DATA
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import signal
 import socket
 import sys
 import time
@@ -23,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from shardfeed.tools.text import plural
+from shardfeed.tools.train.launch import die_with_parent, run_ranks
 from shardfeed.tools.train.loop import run_rank
 from shardfeed.tools.train.options import add_arguments as _add
 from shardfeed.tools.train.options import check_data, check_options, is_url
@@ -38,9 +41,10 @@ def _backend(args) -> str:
     return "nccl" if cuda else "gloo"
 
 
-def _worker(rank: int, world: int, port: int, args) -> None:
+def _worker(rank: int, world: int, port: int, args, launcher: int) -> None:
     from shardfeed.formats import ShardError
 
+    die_with_parent(launcher)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     dist.init_process_group(_backend(args), rank=rank, world_size=world, timeout=_timeout(args))
@@ -73,7 +77,11 @@ def _check(args) -> str | None:
     try:
         check_options(args)
         for source, follow in ((args.data, args.follow), (args.eval_data, False)):
-            if source and not is_url(source):  # a URL's index comes through the cache, inside the ranks
+            if source and is_url(source):  # a URL's index comes through the cache, inside the ranks
+                from shardfeed.cache.sources import check_url
+
+                check_url(source)
+            elif source:
                 field = check_data(source, follow=follow, field=args.image_field)
                 args.image_field = args.image_field or field
     except (ValueError, ShardError) as e:
@@ -97,7 +105,7 @@ def main(args) -> int:
         return 0
     t0 = time.perf_counter()
     try:
-        torch.multiprocessing.spawn(_worker, args=(args.ranks, _free_port(), args), nprocs=args.ranks, join=True)
+        stopped_by = run_ranks(_worker, args.ranks, (args.ranks, _free_port(), args))
     except torch.multiprocessing.ProcessExitedException as e:
         if e.exit_code == 2:  # the rank printed its one-line error
             return 2
@@ -105,5 +113,10 @@ def main(args) -> int:
         print(f"shardfeed train: error: rank {e.error_index} {how}; the other ranks were stopped "
               "(resume from the last --checkpoint)", file=sys.stderr)
         return 1
+    if stopped_by is not None:
+        name = signal.Signals(stopped_by).name
+        print(f"shardfeed train: stopped by {name}; its {plural(args.ranks, 'rank')} were stopped "
+              "(resume from the last --checkpoint)", file=sys.stderr)
+        return 128 + stopped_by
     print(f"trained on {plural(args.ranks, 'rank')} in {time.perf_counter() - t0:.1f}s", flush=True)
     return 0

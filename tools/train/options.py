@@ -56,8 +56,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--plot", default=None, help="PNG of loss, samples/s and stall over steps (default: beside the checkpoint, "
                                    "else train-plot.png; 'none': no plot)")
     a("--audit", action="store_true",
-      help="record every sample each rank delivers (Loader(audit=True)); the records go beside --checkpoint "
-           "(CHECKPOINT.audit/), for `shardfeed audit CHECKPOINT.audit/*.json`")
+      help="record every sample each rank delivers (Loader(audit=True)), also of a --follow stream (not with "
+           "--replay); the records go beside --checkpoint (CHECKPOINT.audit/), for "
+           "`shardfeed audit CHECKPOINT.audit/*.json`")
     a("--trace", default=None, help="folder: each rank appends the keys of every batch it trains on (audits)")
 
 
@@ -133,9 +134,10 @@ def check_options(args) -> None:
         raise ValueError("--resume, --max-steps and --checkpoint-every need --checkpoint PATH (where the state goes)")
     if args.audit and not args.checkpoint:
         raise ValueError("--audit saves each rank's record beside the checkpoint; add --checkpoint PATH")
-    if args.audit and args.follow:
-        raise ValueError("--audit records epochs of a fixed dataset; a followed stream (--follow) delivers each "
-                         "sample once across the stream and has no audit yet: drop --audit or --follow")
+    if args.audit and args.follow and args.replay:
+        raise ValueError(f"--audit of a followed stream checks each published sample is delivered once; --replay "
+                         f"{args.replay} draws older samples again (with repeats), which it cannot judge: drop "
+                         "--audit or --replay")
     if args.init and not os.path.exists(args.init):
         raise ValueError(f"--init {args.init}: no such checkpoint")
     if args.device == "cuda":
@@ -146,7 +148,9 @@ def check_options(args) -> None:
 
 
 def is_url(source: str) -> bool:
-    return "://" in source and not source.startswith("file://")
+    from shardfeed.cache.sources import scheme_of
+
+    return scheme_of(source) not in ("", "file")  # "pipe:cmd" too: refused by check_url
 
 
 def check_data(path: str, follow: bool = False, field: str | None = None) -> str | None:

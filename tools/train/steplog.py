@@ -97,9 +97,11 @@ class StepLog:
                 f"last loss {last:.3f}")
 
     def plot(self, path: str) -> str:
-        """Loss, samples/s and data stall over steps, as a PNG at ``path``."""
-        import matplotlib
+        """Loss, samples/s and data stall over steps, as a PNG at ``path``
+        (MissingExtra when matplotlib, of the ``bench`` extra, is not installed)."""
+        from shardfeed.tools.extras import require
 
+        matplotlib = require("matplotlib", "the training plot (--plot)")
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
