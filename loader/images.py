@@ -15,7 +15,7 @@ epoch, step, rank): the same crops for any ``num_workers`` and after a resume.
 output, needs no more pixels than that (pillow's ``Image.draft``): a 500x375 photo cropped to 128 is
 decoded at a fraction of the cost. The crop box is then mapped onto the reduced image, so the output
 differs from the full decode by the resampling only (measured on real photographs: mean absolute
-difference of a few levels of 255; tests/test_images.py holds the bound). ``draft=False`` is exact.
+difference of a few levels of 255; tests/loader/test_images.py holds the bound). ``draft=False`` is exact.
 """
 
 from __future__ import annotations

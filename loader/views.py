@@ -47,7 +47,7 @@ that own batch buffers honour this:
 Anyone who changes buffer reuse (loader/batcher.py, loader/shm.py,
 loader/loader.py) keeps this: a buffer that backs the batch the consumer
 holds is not written before the consumer asks for the next one. Tests:
-tests/test_payload_views.py (views compared with copies taken at delivery,
+tests/formats/test_payload_views.py (views compared with copies taken at delivery,
 after the workers have had time to run ahead, with ``prefetch=1`` so a
 violation would overwrite the held slot).
 

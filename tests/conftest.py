@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 import numpy as np
 import pytest
 
 from shardfeed.formats import ShardWriter
+
+# Tests are grouped by package (tests/formats/, tests/loader/, ...) and a few reuse another's helper by
+# module name (test_formats_batch takes test_loader_faults' damage helper): every group is importable
+# whichever file pytest collects first.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+for _group in sorted(os.listdir(_HERE)):
+    if os.path.isfile(os.path.join(_HERE, _group, "__init__.py")) or _group in ("data", "fuzz", "__pycache__"):
+        continue
+    if os.path.isdir(os.path.join(_HERE, _group)) and os.path.join(_HERE, _group) not in sys.path:
+        sys.path.append(os.path.join(_HERE, _group))
 
 
 def labelled_sample(i: int, payload_bytes: int = 64) -> dict:

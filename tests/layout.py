@@ -4,7 +4,7 @@
 (formats, shuffling, cache, loader, tools), the graph between the modules of
 one subpackage (``--inside loader``), the edges that point the wrong way, and
 the line count of every module; docs/architecture.md shows its output, and
-tests/test_layout.py holds the rules.
+tests/project/test_layout.py holds the rules.
 """
 
 from __future__ import annotations

@@ -304,7 +304,7 @@ def test_follow_needs_a_folder(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(ShardError, match="growing dataset.*not a folder"):
         ShardDataset(tmp_path / "file", follow=True)
-    # a folder that does not exist yet is waited for (tests/test_follow_start.py)
+    # a folder that does not exist yet is waited for (tests/loader/test_follow_start.py)
     with pytest.raises(TypeError, match="no fixed plan or length"):
         len(ShardDataset(_mk_live(tmp_path), follow=True))
 

@@ -6,7 +6,7 @@ import sys
 
 
 def test_warm_reads_through_every_order_and_names_the_cache():
-    # --no-aot: the reads only (the compiled module's build is tests/test_aot.py's)
+    # --no-aot: the reads only (the compiled module's build is tests/formats/test_aot.py's)
     out = subprocess.run([sys.executable, "-m", "shardfeed.tools.warm", "--no-aot"], capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr

@@ -91,7 +91,7 @@ def test_a_repeated_key_resolves_to_its_first_sample_in_stored_order(tmp_path, k
 def test_a_webdataset_tar_without_index_is_read_by_position_and_key():
     import tarfile
 
-    path = os.path.join(os.path.dirname(__file__), "data", "wds-testdata", "testgz.tar")
+    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "wds-testdata", "testgz.tar")
     with tarfile.open(path) as tf:
         names = [m.name.split(".", 1)[0] for m in tf.getmembers() if m.isfile()]
     lookup = SampleLookup(open_index(path))

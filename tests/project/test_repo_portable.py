@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # Absolute paths that belong to one machine: home folders, the build host's
 # work tree, a checked-out virtualenv, or a sibling shared/ folder.

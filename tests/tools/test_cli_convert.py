@@ -22,7 +22,7 @@ from shardfeed.formats import codec_of, decode_field, open_index, open_shard
 from shardfeed.tools.byte_sizes import parse_size
 from shardfeed.tools.cli import main
 
-WDS_TESTDATA = os.path.join(os.path.dirname(__file__), "data", "wds-testdata")
+WDS_TESTDATA = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "wds-testdata")
 
 
 def read_all(root: str) -> list[dict]:

@@ -17,7 +17,7 @@ regenerated from broken code is still caught for coverage.
 The golden file is written only on request, after a deliberate change of an
 order (say why in the commit message)::
 
-    SHARDFEED_REGEN_GOLDEN=1 .venv/bin/python tests/test_shuffling_golden.py
+    SHARDFEED_REGEN_GOLDEN=1 .venv/bin/python tests/shuffling/test_shuffling_golden.py
 
 (or the same variable on a pytest run of this file: the file is rewritten
 before the comparisons). Normal runs never write it.
@@ -38,7 +38,7 @@ import pytest
 from shardfeed.shuffling import Topology, make_plan
 from shardfeed.shuffling import replan as replan_fn
 
-GOLDEN = Path(__file__).resolve().parent / "data" / "golden_plans.json"
+GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden_plans.json"
 REGEN_ENV = "SHARDFEED_REGEN_GOLDEN"
 VERSION = 1
 
@@ -269,7 +269,7 @@ def _set_env(env: dict) -> dict:
 
 def _regenerate() -> None:
     """Rewrite tests/data/golden_plans.json from the current code."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))  # conftest.labelled_sample
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # conftest.labelled_sample
     groups = _all_cases()
     data = {"version": VERSION, "counts": COUNTS, "options": OPTS, "loader_counts": LOADER_COUNTS}
     compute = {"plans": _compute_plan, "elastic": _compute_elastic, "workers": _compute_workers}

@@ -18,7 +18,7 @@ from conftest import labelled_sample
 from shardfeed.formats import ShardWriter, compact, decode_field, open_index, open_shard, read_log, verify_shard
 from shardfeed.formats.index import INDEX_NAME
 
-WDS_DATA = os.path.join(os.path.dirname(__file__), "data", "wds-testdata")
+WDS_DATA = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "wds-testdata")
 
 
 def _jpeg(i: int) -> bytes:

@@ -23,7 +23,7 @@ from shardfeed.formats import ShardError, ShardWriter, codecs, decode_field, enc
 from shardfeed.loader import Loader, ShardDataset
 from shardfeed.loader.random_access import SampleLookup
 
-TESTGZ = os.path.join(os.path.dirname(__file__), "data", "wds-testdata", "testgz.tar")
+TESTGZ = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "wds-testdata", "testgz.tar")
 
 
 def _python_reads_testgz() -> dict[str, str]:

@@ -11,7 +11,7 @@ import webdataset as wds
 from shardfeed.formats import ShardWriter
 from shardfeed.tools.cli import main
 
-WDS_TESTDATA = os.path.join(os.path.dirname(__file__), "data", "wds-testdata")
+WDS_TESTDATA = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "wds-testdata")
 
 
 def test_inspect_json_reports_counts_sizes_fields(make_dataset, capsys):
