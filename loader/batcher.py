@@ -100,16 +100,37 @@ class BatchMaker:
     def _read(self, ids, alloc) -> RawBatch:
         """The reader's batch; a cached copy found damaged (checksums, size) is
         discarded and fetched again, verified, and the batch read once more.
-        Damaged bytes are never returned either way."""
+        Damaged bytes are never returned either way. A cache that fetches
+        sample ranges (cache/ranged_reads.py) brings the batch's first."""
+        prepare = getattr(self.cached, "prepare", None)
+        if prepare is None:
+            return self._read_once(ids, alloc)
+        token = prepare(ids)
+        try:
+            return self._read_once(ids, alloc)
+        finally:
+            self.cached.finish(token)
+
+    def _read_once(self, ids, alloc) -> RawBatch:
         try:
             raw = self.reader.read(ids, alloc)
         except ShardError as e:
             if not self._refetch([e.shard]):
                 raise
-            return self.reader.read(ids, alloc)
+            return self._read_again(ids, alloc)
         if raw.errors and self._refetch([err.shard for err in raw.errors]):
-            return self.reader.read(ids, alloc)
+            return self._read_again(ids, alloc)
         return raw
+
+    def _read_again(self, ids, alloc) -> RawBatch:
+        prepare = getattr(self.cached, "prepare", None)
+        if prepare is None:
+            return self.reader.read(ids, alloc)
+        token = prepare(ids)  # a discarded partial copy: its ranges again, checked
+        try:
+            return self.reader.read(ids, alloc)
+        finally:
+            self.cached.finish(token)
 
     def _refetch(self, paths) -> bool:
         if self.cached is None:

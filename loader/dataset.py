@@ -241,9 +241,10 @@ class ShardDataset(torch.utils.data.IterableDataset):
         processes read at once (sizes what each keeps open in the cache)."""
         cached = None
         if self.cache is not None:
-            from shardfeed.cache.reads import CachedShards
+            from shardfeed.cache.ranged_reads import RangedShards
 
-            cached = CachedShards(self.index, self.cache, self.shard_url)
+            cached = RangedShards(self.index, self.cache, self.shard_url, punch_consumed=self.order.value == "global",
+                                  readers=readers * (self.topology.ranks_per_node or self.topology.world_size))
         maker = BatchMaker(self.index, decode=self.decode if decode is None else decode, transform=self.transform,
                            collate_fn=collate_fn, policy=self.policy, read_mode=self.read_mode, cached=cached,
                            readers=readers)
