@@ -64,3 +64,22 @@ class CostModel:
     def describe(self) -> dict:
         return {"latency_s": round(self.latency_s, 6), "bandwidth_Bps": round(self.bandwidth),
                 "gap_bytes": self.gap_bytes(), "requests_observed": self.samples}
+
+
+RESERVE_SHARE = 1 / 32  # of the budget, kept free for ranges in flight and partial copies
+
+
+def range_reserve(limit_bytes: int, total_bytes: int, sidecar_share: float, working_bytes: int) -> int:
+    """Bytes of the budget kept free of whole shards when the data does not fit
+    (ranged_reads.py): a share of the budget, the sidecars of the shards left
+    outside, and what the node's readers hold at once as ranges."""
+    outside = max(0.0, 1.0 - limit_bytes / max(1, total_bytes * (1 + sidecar_share)))
+    return int(limit_bytes * RESERVE_SHARE + total_bytes * sidecar_share * outside + working_bytes)
+
+
+def expected_working(total_bytes: int, samples: int, shards: int, batch: int, shards_per_step: int,
+                     readers: int, sidecar_share: float) -> int:
+    """Bytes ``readers`` batches hold at once as ranges and sidecars, on average."""
+    avg = total_bytes / max(1, samples)
+    sidecar = sidecar_share * total_bytes / max(1, shards)
+    return int(readers * (batch * avg + shards_per_step * sidecar))

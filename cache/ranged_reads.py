@@ -32,14 +32,14 @@ import time
 
 import numpy as np
 
-from shardfeed.cache.cost_model import CostModel
+from shardfeed.cache.cost_model import CostModel, expected_working, range_reserve
 from shardfeed.cache.ranges import RangeFetcher, coalesce, spans
 from shardfeed.cache.reads import CachedShards
 from shardfeed.cache.store import ShardRef
 
 WHOLE, RANGES = "whole", "ranges"
+ENABLED = True  # False: whole shards only, as before sample ranges (benchmarks and tests compare the two)
 SIDECAR_SHARE = 0.03  # sidecar bytes per shard byte assumed for the reserve
-RESERVE_SHARE = 1 / 32  # of the budget, kept free for ranges in flight and partial copies
 _USED_TTL_S = 0.02  # a budget scan lists the cache folder: reuse its answer this long (other ranks admit too)
 
 _policies: dict[tuple, RangePolicy] = {}
@@ -72,9 +72,7 @@ class RangePolicy:
         seen = list(self._seen_sidecars.values())
         measured = sum(a for a, _ in seen) / max(1, sum(b for _, b in seen)) if seen else 0.0
         self.fits = total * (1 + measured) <= limit * 1.002  # sidecars as measured so far (a budget of exactly all)
-        outside = max(0.0, 1.0 - limit / max(1, total * (1 + self.sidecar_share)))
-        self.reserve = 0 if self.fits else int(limit * RESERVE_SHARE + total * self.sidecar_share * outside
-                                                   + self.working)
+        self.reserve = 0 if self.fits else range_reserve(limit, total, self.sidecar_share, self.working)
 
     def working_set(self, index, samples: int, shards: int, readers: int) -> int:
         """Bytes ``readers`` batches of ``samples`` samples over ``shards`` shards hold at once
@@ -83,7 +81,9 @@ class RangePolicy:
         avg = self.total_bytes / max(1, index.num_samples)
         block = 4096
         sidecar = self.sidecar_share * self.total_bytes / max(1, len(index))
-        expected = int(readers * (samples * avg + shards * sidecar))  # kept free: a shortfall costs an eviction
+        # kept free: a shortfall costs an eviction
+        expected = expected_working(self.total_bytes, index.num_samples, len(index), samples, shards, readers,
+                                    self.sidecar_share)
         if expected > self.working:
             self.working = expected
             self._sized()
@@ -181,12 +181,14 @@ class RangePolicy:
 class RangedShards(CachedShards):
     """CachedShards whose misses may be fetched as sample ranges (see the module docstring).
 
-    ``punch_consumed``: give consumed samples' blocks back (orders that read
-    each sample once per epoch)."""
+    ``ranges``: False reads whole shards only (orders that read a shard's
+    samples together: none, shard, block); consumed samples' blocks are
+    given back (orders that read each sample once per epoch)."""
 
-    def __init__(self, index, spec, url_of=None, punch_consumed: bool = True, readers: int = 1):
+    def __init__(self, index, spec, url_of=None, ranges: bool = True, readers: int = 1):
         super().__init__(index, spec, url_of)
-        self.punch_consumed = punch_consumed
+        self.ranges = ranges
+        self.punch_consumed = ranges
         self.readers = max(1, int(readers))
         self._partial: set[int] = set()  # shards whose next path_of is their partial copy
         self._kind: dict[int, str] = {}  # shard -> what its open view reads (WHOLE / RANGES)
@@ -196,6 +198,8 @@ class RangedShards(CachedShards):
 
     def prepare(self, ids) -> list:
         """Before a batch read: its samples' ranges present and pinned; returns the token for finish()."""
+        if not (self.ranges and ENABLED):
+            return []
         cache = self.spec.open()
         policy = self.policy()
         shard, local = self.index.locate(np.asarray(ids, np.int64))
@@ -256,6 +260,8 @@ class RangedShards(CachedShards):
         self._kind[i] = WHOLE
         had = self._c["hits"], self._c["misses"]
         path = super().path_of(i)
+        if not self.ranges:
+            return path
         ref = self.ref(i)
         policy = self.policy()
         if ref.url not in policy._seen_sidecars and os.path.exists(path + ".idx"):

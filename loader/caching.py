@@ -40,7 +40,6 @@ LOOKAHEAD_SHARDS = 4096  # shards one plan holds (the cache's lookahead)
 SIM_POSITIONS = 1 << 18  # samples of the epoch the thrash estimate simulates (bounds its cost, ~0.3 s)
 THRASH_RATIO = 2.0  # warn when Belady fetches more than this times the bytes the node reads
 PREFETCH_THREADS = 2
-RANGES_ENABLED = True  # misses of plain tar shards may be fetched as sample ranges (cache/ranged_reads.py)
 NEAR_STEPS_MAX = 64  # steps whose samples the prefetcher brings ahead
 
 
@@ -102,10 +101,11 @@ class LoaderCache:
     def _ranged(self) -> bool:
         """Misses may be fetched as sample ranges: plain tar shards with sidecars, an
         epoch feed (whose plan says which samples come next), a budget below the data."""
+        from shardfeed.cache import ranged_reads
         from shardfeed.cache.ranged_reads import rangeable
 
         index = self.ds.index
-        return (RANGES_ENABLED and hasattr(self.feed, "plan") and hasattr(self.feed, "batch_size") and len(index)
+        return (ranged_reads.ENABLED and self.ds.order.value == "global" and hasattr(self.feed, "plan") and hasattr(self.feed, "batch_size") and len(index)
                 and all(rangeable(index, i) for i in range(len(index))))
 
     def _check_ranged_budget(self) -> None:

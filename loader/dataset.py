@@ -243,7 +243,8 @@ class ShardDataset(torch.utils.data.IterableDataset):
         if self.cache is not None:
             from shardfeed.cache.ranged_reads import RangedShards
 
-            cached = RangedShards(self.index, self.cache, self.shard_url, punch_consumed=self.order.value == "global",
+            # sample ranges for the global order only: the others read each shard's samples together
+            cached = RangedShards(self.index, self.cache, self.shard_url, ranges=self.order is Order.GLOBAL,
                                   readers=readers * (self.topology.ranks_per_node or self.topology.world_size))
         maker = BatchMaker(self.index, decode=self.decode if decode is None else decode, transform=self.transform,
                            collate_fn=collate_fn, policy=self.policy, read_mode=self.read_mode, cached=cached,

@@ -101,6 +101,7 @@ def test_global_epochs_fetch_at_most_what_the_cache_cannot_hold(tmp_path, datase
     limit = int(f * (data + sidecars))
     with RangeServer(dataset) as srv:
         per_epoch, results = _run(srv, str(tmp_path / "c"), limit, world, epochs=3)
+        predicted = _plan(srv.url, tmp_path / "plan", limit, world)
     for epoch in range(3):
         keys = [k for r in results.values() for k in r[epoch][0]]
         assert sorted(set(keys)) == [f"{i:08d}" for i in range(N)]  # every sample, every epoch
@@ -110,6 +111,29 @@ def test_global_epochs_fetch_at_most_what_the_cache_cannot_hold(tmp_path, datase
         assert got <= bound, (epoch, got / data, per_epoch)
     # whole-shard caching of the same budget fetched 2.7x the dataset per epoch here: ranges are doing it
     assert per_epoch[1] > 0.2 * data
+    # `shardfeed plan URL` predicts the epochs after the first within 10%
+    measured = float(np.mean(per_epoch[1:]))
+    assert abs(predicted - measured) <= 0.1 * measured, (predicted / data, measured / data)
+
+
+def _plan(url, cache_dir, limit, world) -> float:
+    """`shardfeed plan URL --json`'s prediction for the cache's own policy: mean bytes of epochs 2-3."""
+    import argparse
+    import contextlib
+    import io
+    import json
+
+    from shardfeed.tools import plan
+
+    p = argparse.ArgumentParser()
+    plan.add_arguments(p)
+    args = p.parse_args([url, "--cache-limit", str(limit), "--world-size", str(world), "--batch-size", str(BATCH),
+                         "--epochs", "3", "--seed", "5", "--json", "--cache-dir", str(cache_dir)])
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert plan.main(args) == 0
+    row, = [r for r in json.loads(out.getvalue())["rows"] if r["order"] == "global" and r["policy"] == "shardfeed"]
+    return float(np.mean(row["epochs"][1:]))
 
 
 def test_whole_dataset_cache_fetches_nothing_after_the_first_epoch(tmp_path, dataset):

@@ -7,6 +7,7 @@
     shardfeed bench payloads  raw/npy tokens and byte fields as bytes, views, jagged (bench_payloads)
     shardfeed bench convert   conversion throughput and write-time shuffle (bench_convert)
     shardfeed bench cache     node cache vs a throttled remote (bench_cache)
+    shardfeed bench remote    a remote dataset through a cache smaller than it: bytes, requests, stall
     shardfeed bench mix       mixing overhead and audit memory (bench_mix)
     shardfeed bench stream    publish-to-delivery latency, ingest + follow throughput (bench_stream)
     shardfeed bench compare   beside the peers: whole pass, steady, first batch (bench_compare)
@@ -35,6 +36,8 @@ BENCHES = {
     "payloads": ("shardfeed.tools.bench.payloads",
                  "payload forms: raw/npy tokens vs bytes, byte fields as bytes, tensor views or jagged"),
     "cache": ("shardfeed.tools.bench.cache", "node-local cache against a throttled remote: bytes fetched, stalls"),
+    "remote": ("shardfeed.tools.bench.remote",
+               "remote dataset over a shaped link through a cache smaller than it: bytes, requests, stall"),
     "mix": ("shardfeed.tools.bench.mix", "mixing overhead of a 3-source Mixture and the audit's memory"),
     "convert": ("shardfeed.tools.bench.convert", "conversion throughput, write-shuffle memory and quality"),
     "stream": ("shardfeed.tools.bench.stream", "streaming: publish-to-delivery latency, ingest + follow throughput"),
