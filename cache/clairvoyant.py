@@ -121,7 +121,7 @@ class PlanPrefetcher:
 class SamplePrefetcher(PlanPrefetcher):
     """PlanPrefetcher at sample granularity (ranged_reads.py): ``plan_fn(position)``
     returns ``(upcoming, near)``: ``upcoming`` as for PlanPrefetcher (published
-    as the lookahead, for eviction), ``near``: ``[(ref, step, local ids, sample
+    as the lookahead, for eviction), ``near``: ``[(ref, step, (local ids, their steps), sample
     count)]``, the samples of the next steps by shard in order of first use.
     Each near shard is fetched as ``policy`` decides (whole, or its samples as
     ranges into its partial copy), ``threads`` shards at a time."""
@@ -167,6 +167,10 @@ class SamplePrefetcher(PlanPrefetcher):
 
         try:
             if self._stop.is_set() or ref.url not in self._wanted or self.cache.contains(ref.url, ref.hash):
+                return
+            local, steps = local
+            local = local[steps >= self._step]  # samples of steps the consumer passed: read already
+            if not len(local):
                 return
             fetcher = self.policy.fetcher
             if not os.path.exists(fetcher.path(ref)) and \

@@ -107,11 +107,26 @@ class RangePolicy:
                 p = _policies[key] = cls(cache, int(np.asarray(index.sizes).sum()))
             return p
 
+    def whole_used(self) -> int:
+        """Budget bytes outside partial copies: whole shards, their sidecars, temporaries.
+        Partial copies live in the reserve, so a whole shard is never admitted into
+        room they hold only for a moment (it would evict what the plan reads next)."""
+        total = 0
+        with os.scandir(self.cache.data_dir) as it:
+            for e in it:
+                if e.name.startswith("r-") and ".tmp-" not in e.name:
+                    continue
+                try:
+                    total += e.stat().st_size
+                except FileNotFoundError:
+                    pass
+        return total
+
     def used(self) -> int:
         t, used = self._used
         now = time.monotonic()
         if now - t > _USED_TTL_S:
-            used = self.cache.used_bytes()
+            used = self.whole_used()
             self._used = (now, used)
         return used
 
@@ -148,7 +163,7 @@ class RangePolicy:
         cache = self.cache
         key = cache.key_for(ref.url, ref.hash)
         with FileLock(os.path.join(cache.cache_dir, ".cache.lock")):
-            used = cache.used_bytes()
+            used = self.whole_used()
             if used + pending + size + self.reserve > cache.limit_bytes:
                 self._used = (time.monotonic(), used)
                 return False

@@ -40,7 +40,8 @@ LOOKAHEAD_SHARDS = 4096  # shards one plan holds (the cache's lookahead)
 SIM_POSITIONS = 1 << 18  # samples of the epoch the thrash estimate simulates (bounds its cost, ~0.3 s)
 THRASH_RATIO = 2.0  # warn when Belady fetches more than this times the bytes the node reads
 PREFETCH_THREADS = 2
-NEAR_STEPS_MAX = 64  # steps whose samples the prefetcher brings ahead
+RANGE_THREADS = 2  # sample ranges are small requests: latency-bound, so more of them in flight
+NEAR_STEPS = 2  # steps (the current one first) the prefetcher brings ahead; their bytes are in the reserve
 
 
 def step_key(epoch: int, step: int) -> int:
@@ -82,7 +83,7 @@ class LoaderCache:
                 self.policy = RangePolicy.of(self.spec.open(), self.ds.index)
                 self._check_ranged_budget()
                 self.prefetcher = SamplePrefetcher(self.spec.open(), self._plan_samples, self.policy,
-                                                   PREFETCH_THREADS)
+                                                   RANGE_THREADS)
             else:
                 window = self._check_budget()
                 if self._first_of_node():
@@ -117,6 +118,8 @@ class LoaderCache:
         t = self.ds.topology
         readers = self.readers * (t.ranks_per_node or t.world_size)  # every rank of the node pins its own
         needed = self.policy.working_set(self.ds.index, bs, per_step, readers) + self.max_shard
+        # the prefetch window's ranges live in the reserve too
+        self.policy.working_set(self.ds.index, bs * NEAR_STEPS, per_step * NEAR_STEPS, readers)
         if needed > limit:
             raise CacheLimitError(self.spec.cache_dir, f"cache_limit_bytes={limit:,} is below the working set: "
                                   f"{readers} reader(s) on the node x {bs} samples over {per_step} shard(s) per step, "
@@ -131,10 +134,7 @@ class LoaderCache:
         feed, index = self.feed, self.ds.index
         epoch, step = feed.epoch, feed.step
         plan, bs = feed.plan(epoch), feed.batch_size(epoch)
-        rpn = self.ds.topology.ranks_per_node or self.ds.topology.world_size
-        avg = max(1.0, float(index.sizes.sum()) / max(1, index.num_samples))
-        room = max(1, self.policy.reserve // 4 // max(1, rpn)) if self.policy.reserve else 4 * bs * avg
-        steps = int(max(2, min(NEAR_STEPS_MAX, room // (bs * avg))))
+        steps = NEAR_STEPS
         start, stop = step * bs, min(plan.num_samples, (step + steps) * bs)
         if stop <= start:
             return upcoming, []
@@ -142,9 +142,11 @@ class LoaderCache:
         shard, local = index.locate(ids)
         near = []
         uniq, first = np.unique(shard, return_index=True)
+        steps_of = step_key(epoch, step) + np.arange(len(ids), dtype=np.int64) // bs
         for j in np.argsort(first, kind="stable").tolist():
             s = int(uniq[j])
-            near.append((self.shards.ref(s), step_key(epoch, step + int(first[j]) // bs), local[shard == s],
+            mine = shard == s
+            near.append((self.shards.ref(s), step_key(epoch, step + int(first[j]) // bs), (local[mine], steps_of[mine]),
                          int(index.counts[s])))
         return upcoming, near
 

@@ -1,0 +1,33 @@
+"""`shardfeed bench remote` on a tiny dataset: the table's columns and values are sane."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+
+from shardfeed.tools.bench import remote
+
+
+def test_bench_remote_writes_a_sane_table(tmp_path):
+    p = argparse.ArgumentParser()
+    remote.add_arguments(p)
+    out = str(tmp_path / "out")
+    # 256 samples of 8 KiB, 2 epochs, 200 MB/s + 2 ms, batch 8, no compute
+    args = p.parse_args(["--out", out, "--setup", "256,8192,2,200e6,0.002,8,0", "--no-plot"])
+    assert remote.main(args) == 0
+    with open(os.path.join(out, "remote.csv")) as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == remote.COLUMNS
+    ours = [r for r in rows if r["reader"] == "shardfeed"]
+    whole = [r for r in rows if r["reader"] == "shardfeed (whole shards only)"]
+    assert [r["epoch"] for r in ours] == ["0", "1"] and len(whole) == 2
+    for r in ours + whole:
+        assert int(r["bytes_fetched"]) > 0 and int(r["requests"]) > 0 and float(r["epoch_s"]) > 0
+        assert 0 <= float(r["stall"]) <= 1 and 1 <= float(r["classes_per_batch"]) <= 8
+    # the second epoch through half the dataset: sample ranges stay near the bound, whole shards thrash
+    assert float(ours[1]["x_dataset"]) <= 1.25 * float(ours[1]["bound_x"])
+    assert float(whole[1]["x_dataset"]) > 2 * float(ours[1]["x_dataset"])
+    peers = {r["reader"]: r["note"] for r in rows if r["reader"] in ("MosaicML Streaming", "LitData")}
+    assert set(peers) == {"MosaicML Streaming", "LitData"} and all(peers.values())
+    assert open(os.path.join(out, "remote.md")).read().count("\n| ") == len(rows) + 1
