@@ -33,6 +33,9 @@ def _accepts_image_size(fn) -> bool:
         return False
 
 
+RANGED_MAX_OPEN = 64  # shards a reader keeps open when misses come as sample ranges
+
+
 class BatchMaker:
     """Turns a batch's global sample ids into columns (see collate.py)."""
 
@@ -48,8 +51,10 @@ class BatchMaker:
             from shardfeed.loader.caching import reader_max_open
 
             biggest = int(index.sizes.max()) if len(index) else 1
-            extra = dict(path_of=cached.path_of, release=cached.release,
-                         max_open=reader_max_open(cached.spec.limit_bytes, biggest, readers))
+            max_open = reader_max_open(cached.spec.limit_bytes, biggest, readers)
+            if getattr(cached, "ranges", False):
+                max_open = max(max_open, RANGED_MAX_OPEN)  # a partial copy pinned open holds a few ranges only
+            extra = dict(path_of=cached.path_of, release=cached.release, max_open=max_open)
         self.reader = BatchReader(index, verify=True, skip=self.policy.skip, read_mode=read_mode, **extra)
         self.decode = decode
         self.transform = transform

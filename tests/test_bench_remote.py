@@ -21,13 +21,15 @@ def test_bench_remote_writes_a_sane_table(tmp_path):
     assert list(rows[0]) == remote.COLUMNS
     ours = [r for r in rows if r["reader"] == "shardfeed"]
     whole = [r for r in rows if r["reader"] == "shardfeed (whole shards only)"]
-    assert [r["epoch"] for r in ours] == ["0", "1"] and len(whole) == 2
-    for r in ours + whole:
+    assert [r["epoch"] for r in ours] == ["0", "1"]
+    # whole shards: one global step's 8 shards do not fit half of 16 shards, refused at start with the bytes
+    assert len(whole) == 1 and whole[0]["note"].startswith("refused at start: needs")
+    for r in ours:
         assert int(r["bytes_fetched"]) > 0 and int(r["requests"]) > 0 and float(r["epoch_s"]) > 0
         assert 0 <= float(r["stall"]) <= 1 and 1 <= float(r["classes_per_batch"]) <= 8
-    # the second epoch through half the dataset: sample ranges stay near the bound, whole shards thrash
-    assert float(ours[1]["x_dataset"]) <= 1.25 * float(ours[1]["bound_x"])
-    assert float(whole[1]["x_dataset"]) > 2 * float(ours[1]["x_dataset"])
+    # the second epoch through half the dataset: sample ranges stay near the bound (this tiny dataset's
+    # prefetch window is a large share of the budget: 1.25x the bound here, within it at the full size)
+    assert 0.2 < float(ours[1]["x_dataset"]) <= 1.25 * float(ours[1]["bound_x"])
     peers = {r["reader"]: r["note"] for r in rows if r["reader"] in ("MosaicML Streaming", "LitData")}
     assert set(peers) == {"MosaicML Streaming", "LitData"} and all(peers.values())
     assert open(os.path.join(out, "remote.md")).read().count("\n| ") == len(rows) + 1

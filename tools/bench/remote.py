@@ -107,12 +107,19 @@ def run(setup, fraction: float, out: str, plot: bool = True) -> list[dict]:
         limit = int(fraction * (data + sidecars))
         bound = 1.1 * (1 - fraction)
         table = []
+        from shardfeed.cache import CacheLimitError
+
         for name, whole in (("shardfeed", False), ("shardfeed (whole shards only)", True)):
             with ThrottledServer(root, rate, latency) as srv:
-                rows = _shardfeed(srv.url, os.path.join(work, f"c-{int(whole)}"), limit, epochs, batch, compute_s,
-                                  srv, whole)
+                try:
+                    rows = _shardfeed(srv.url, os.path.join(work, f"c-{int(whole)}"), limit, epochs, batch,
+                                      compute_s, srv, whole)
+                except CacheLimitError as e:  # whole shards: one step's shards may not fit a small budget
+                    rows = [dict(epoch="", bytes_fetched="", requests="", epoch_s="", stall="",
+                                 classes_per_batch="", note=f"refused at start: needs {e.needed_bytes:,} bytes")]
             for r in rows:
-                table.append(dict(r, reader=name, x_dataset=r["bytes_fetched"] / data, bound_x=bound))
+                x = r["bytes_fetched"] / data if r["bytes_fetched"] != "" else ""
+                table.append(dict(r, reader=name, x_dataset=x, bound_x=bound))
         for name, module in (("MosaicML Streaming", "streaming"), ("LitData", "litdata")):
             why = _peer_missing(module)
             table.append(dict(reader=name, epoch="", bytes_fetched="", x_dataset="", bound_x=bound, requests="",
@@ -159,6 +166,7 @@ def _write(table, out, info, plot) -> None:
             r["reader"] == n and r["epoch"] != "" for r in table)]
         for k, name in enumerate(readers):
             rs = [r for r in table if r["reader"] == name]
+            rs = [r for r in rs if r["x_dataset"] != ""]
             ax.bar(np.arange(len(rs)) + k * 0.4, [r["x_dataset"] for r in rs], 0.4, label=name)
         ax.axhline(1.1 * (1 - info["fraction"]), color="k", ls="--", lw=1, label="1.1 x (1 - f)")
         ax.set_xlabel("epoch")
