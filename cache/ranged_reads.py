@@ -208,12 +208,17 @@ class RangedShards(CachedShards):
         self._partial: set[int] = set()  # shards whose next path_of is their partial copy
         self._kind: dict[int, str] = {}  # shard -> what its open view reads (WHOLE / RANGES)
 
+    @property
+    def ranged(self) -> bool:
+        """Whether misses may come as sample ranges now."""
+        return self.ranges and ENABLED
+
     def policy(self) -> RangePolicy:
         return RangePolicy.of(self.spec.open(), self.index)
 
     def prepare(self, ids) -> list:
         """Before a batch read: its samples' ranges present and pinned; returns the token for finish()."""
-        if not (self.ranges and ENABLED):
+        if not self.ranged:
             return []
         cache = self.spec.open()
         policy = self.policy()

@@ -52,7 +52,7 @@ class BatchMaker:
 
             biggest = int(index.sizes.max()) if len(index) else 1
             max_open = reader_max_open(cached.spec.limit_bytes, biggest, readers)
-            if getattr(cached, "ranges", False):
+            if getattr(cached, "ranged", False):
                 max_open = max(max_open, RANGED_MAX_OPEN)  # a partial copy pinned open holds a few ranges only
             extra = dict(path_of=cached.path_of, release=cached.release, max_open=max_open)
         self.reader = BatchReader(index, verify=True, skip=self.policy.skip, read_mode=read_mode, **extra)
