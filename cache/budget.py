@@ -99,7 +99,8 @@ class Budget:
                 temps.append((key, e.path, st.st_size))
                 continue
             rec = entries.setdefault(key, [0, 0.0])
-            rec[0] += st.st_size
+            # a partial copy (ranged_reads.py) is sparse: count the disk it holds, not its size
+            rec[0] += st.st_blocks * 512 if e.name.startswith("r-") and "." not in e.name else st.st_size
             if "." not in e.name:
                 rec[1] = st.st_mtime
         return {k: (b, t) for k, (b, t) in entries.items()}, tmp_bytes, temps

@@ -116,3 +116,77 @@ class PlanPrefetcher:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class SamplePrefetcher(PlanPrefetcher):
+    """PlanPrefetcher at sample granularity (ranged_reads.py): ``plan_fn(position)``
+    returns ``(upcoming, near)``: ``upcoming`` as for PlanPrefetcher (published
+    as the lookahead, for eviction), ``near``: ``[(ref, step, (local ids, their steps), sample
+    count)]``, the samples of the next steps by shard in order of first use.
+    Each near shard is fetched as ``policy`` decides (whole, or its samples as
+    ranges into its partial copy), ``threads`` shards at a time."""
+
+    def __init__(self, cache: ShardCache, plan_fn, policy, threads: int = 2):
+        self.policy = policy
+        self.fetched_samples = 0  # samples this prefetcher brought (for tests and benchmarks)
+        super().__init__(cache, plan_fn, 0, threads)
+
+    def _run(self) -> None:
+        from shardfeed.cache.ranges import partial_key
+
+        seen = 0
+        while True:
+            with self._cv:
+                while not self._stop.is_set() and self._version == seen:
+                    self._cv.wait(0.5)
+                if self._stop.is_set():
+                    return
+                seen, pos = self._version, self._pos
+            try:
+                upcoming, near = self.plan_fn(pos)
+            except Exception:  # noqa: BLE001 - advice only: the readers still fetch what they need
+                self.errors += 1
+                continue
+            self.passes += 1
+            plan: dict[str, int] = {}
+            for ref, step, *_ in list(upcoming) + [(r, s) for r, s, _, _ in near]:
+                key = self.cache.key_for(ref.url, ref.hash)
+                for k in (key, partial_key(key)):
+                    if step < plan.get(k, step + 1):
+                        plan[k] = step
+            self.cache.lookahead.publish(plan)
+            with self._cv:
+                self._wanted = {ref.url for ref, _, _, _ in near}
+                for ref, _step, local, count in near:
+                    if ref.url not in self._inflight:
+                        self._inflight.add(ref.url)
+                        self._pool.submit(self._fetch_samples, ref, local, count)
+
+    def _fetch_samples(self, ref, local, count) -> None:
+        import os
+
+        try:
+            if self._stop.is_set() or ref.url not in self._wanted or self.cache.contains(ref.url, ref.hash):
+                return
+            local, steps = local
+            local = local[steps >= self._step]  # samples of steps the consumer passed: read already
+            if not len(local):
+                return
+            fetcher = self.policy.fetcher
+            if not os.path.exists(fetcher.path(ref)) and \
+                    self.policy.choose(ref, len(local), count, self.policy.ranges_cost(ref, local)) == "whole":
+                self.cache.get(ref.url, ref.hash, ref.size, sidecar=True, cancel=self._stop)
+                return
+            pin = fetcher.pin(ref)
+            try:
+                _, n = fetcher.ensure(ref, local, count, cancel=self._stop)
+                self.fetched_samples += n
+            finally:
+                pin.release()
+        except Cancelled:
+            pass
+        except Exception:  # noqa: BLE001 - see the module docstring
+            self.errors += 1
+        finally:
+            with self._cv:
+                self._inflight.discard(ref.url)

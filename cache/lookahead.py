@@ -102,7 +102,13 @@ class SharedLookahead:
 
 
 def victim_order(entries: dict[str, tuple[int, float]], plan: dict[str, int]) -> list[str]:
-    """Keys of ``entries`` (key -> (bytes, last_used)) in the order to evict them."""
-    unplanned = sorted((k for k in entries if k not in plan), key=lambda k: entries[k][1])
-    planned = sorted((k for k in entries if k in plan), key=lambda k: (-plan[k], entries[k][1]))
-    return unplanned + planned
+    """Keys of ``entries`` (key -> (bytes, last_used)) in the order to evict them.
+
+    Partial copies (``r-`` keys, sample ranges: ranges.py) go before whole
+    shards: what they hold is the few samples the plan reads next, refetched
+    for little, while a whole shard evicted costs its bytes again later."""
+    def order(keys):
+        unplanned = sorted((k for k in keys if k not in plan), key=lambda k: entries[k][1])
+        planned = sorted((k for k in keys if k in plan), key=lambda k: (-plan[k], entries[k][1]))
+        return unplanned + planned
+    return order([k for k in entries if k.startswith("r-")]) + order([k for k in entries if not k.startswith("r-")])

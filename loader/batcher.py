@@ -35,6 +35,9 @@ def _accepts(fn, name: str) -> bool:
         return False
 
 
+RANGED_MAX_OPEN = 64  # shards a reader keeps open when misses come as sample ranges
+
+
 class BatchMaker:
     """Turns a batch's global sample ids into columns (see collate.py)."""
 
@@ -51,8 +54,10 @@ class BatchMaker:
             from shardfeed.loader.caching import reader_max_open
 
             biggest = max_entry_bytes(index)  # the shard and its sidecar, as the checks count it
-            extra = dict(path_of=cached.path_of, release=cached.release,
-                         max_open=reader_max_open(cached.spec.limit_bytes, biggest, readers))
+            max_open = reader_max_open(cached.spec.limit_bytes, biggest, readers)
+            if getattr(cached, "ranged", False):
+                max_open = max(max_open, RANGED_MAX_OPEN)  # a partial copy pinned open holds a few ranges only
+            extra = dict(path_of=cached.path_of, release=cached.release, max_open=max_open)
         self.reader = BatchReader(index, verify=True, skip=self.policy.skip, read_mode=read_mode, **extra)
         self.decode = decode
         self.transform = transform
@@ -108,16 +113,37 @@ class BatchMaker:
     def _read(self, ids, alloc) -> RawBatch:
         """The reader's batch; a cached copy found damaged (checksums, size) is
         discarded and fetched again, verified, and the batch read once more.
-        Damaged bytes are never returned either way."""
+        Damaged bytes are never returned either way. A cache that fetches
+        sample ranges (cache/ranged_reads.py) brings the batch's first."""
+        prepare = getattr(self.cached, "prepare", None)
+        if prepare is None:
+            return self._read_once(ids, alloc)
+        token = prepare(ids)
+        try:
+            return self._read_once(ids, alloc)
+        finally:
+            self.cached.finish(token)
+
+    def _read_once(self, ids, alloc) -> RawBatch:
         try:
             raw = self.reader.read(ids, alloc)
         except ShardError as e:
             if not self._refetch([e.shard]):
                 raise
-            return self.reader.read(ids, alloc)
+            return self._read_again(ids, alloc)
         if raw.errors and self._refetch([err.shard for err in raw.errors]):
-            return self.reader.read(ids, alloc)
+            return self._read_again(ids, alloc)
         return raw
+
+    def _read_again(self, ids, alloc) -> RawBatch:
+        prepare = getattr(self.cached, "prepare", None)
+        if prepare is None:
+            return self.reader.read(ids, alloc)
+        token = prepare(ids)  # a discarded partial copy: its ranges again, checked
+        try:
+            return self.reader.read(ids, alloc)
+        finally:
+            self.cached.finish(token)
 
     def _refetch(self, paths) -> bool:
         if self.cached is None:

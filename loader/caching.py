@@ -41,6 +41,8 @@ SIM_POSITIONS = 1 << 18  # samples of the epoch the thrash estimate simulates (b
 THRASH_RATIO = 2.0  # warn when Belady fetches more than this times the bytes the node reads
 PREFETCH_THREADS = 2
 PLAN_ENTRY_BYTES = 64  # one shard's entry in a published lookahead plan (JSON key and step), rounded up
+RANGE_THREADS = 2  # sample ranges are small requests: latency-bound, so more of them in flight
+NEAR_STEPS = 2  # steps (the current one first) the prefetcher brings ahead; their bytes are in the reserve
 
 
 def step_key(epoch: int, step: int) -> int:
@@ -125,16 +127,26 @@ class LoaderCache:
         self.plan_len = int(min(len(sizes), LOOKAHEAD_SHARDS,
                                 self.spec.limit_bytes // max(1, int(sizes.min()) if len(sizes) else 1) + 2))
         self.prefetcher: PlanPrefetcher | None = None
+        self.policy = None
         self.estimate: dict | None = None
 
     def start(self, pos: dict) -> None:
         """Before the first batch of an iteration: checks (once), then the prefetcher."""
         if self.prefetcher is None:
             self.feed.reset(pos)
-            window = self._check_budget()
-            if self._first_of_node():
-                self._warn_if_thrashing(self.feed.epoch)
-            self.prefetcher = PlanPrefetcher(self.spec.open(), self._plan, window, PREFETCH_THREADS)
+            if self._ranged():
+                from shardfeed.cache.clairvoyant import SamplePrefetcher
+                from shardfeed.cache.ranged_reads import RangePolicy
+
+                self.policy = RangePolicy.of(self.spec.open(), self.ds.index)
+                self._check_ranged_budget()
+                self.prefetcher = SamplePrefetcher(self.spec.open(), self._plan_samples, self.policy,
+                                                   RANGE_THREADS)
+            else:
+                window = self._check_budget()
+                if self._first_of_node():
+                    self._warn_if_thrashing(self.feed.epoch)
+                self.prefetcher = PlanPrefetcher(self.spec.open(), self._plan, window, PREFETCH_THREADS)
         self.moved(pos)
 
     def moved(self, pos: dict) -> None:
@@ -144,6 +156,57 @@ class LoaderCache:
         self.feed.reset(pos)
         return [(self.shards.ref(u.shard), step_key(u.epoch, u.step), self.shards.needs_sidecar(u.shard))
                 for u in self.feed.lookahead(self.plan_len)]
+
+    def _ranged(self) -> bool:
+        """Misses may be fetched as sample ranges: plain tar shards with sidecars, an
+        epoch feed (whose plan says which samples come next), a budget below the data."""
+        from shardfeed.cache import ranged_reads
+        from shardfeed.cache.ranged_reads import rangeable
+
+        index = self.ds.index
+        return (ranged_reads.ENABLED and self.ds.order.value == "global" and hasattr(self.feed, "plan") and hasattr(self.feed, "batch_size") and len(index)
+                and all(rangeable(index, i) for i in range(len(index))))
+
+    def _check_ranged_budget(self) -> None:
+        """CacheLimitError now if the readers' batches cannot hold their ranges at once."""
+        epoch = self.feed.epoch
+        per_step = self.shards_per_step(epoch)
+        bs = self.feed.batch_size(epoch)
+        limit = self.spec.limit_bytes
+        t = self.ds.topology
+        readers = self.readers * (t.ranks_per_node or t.world_size)  # every rank of the node pins its own
+        needed = self.policy.working_set(self.ds.index, bs, per_step, readers) + self.max_shard
+        # the prefetch window's ranges live in the reserve too
+        self.policy.working_set(self.ds.index, bs * NEAR_STEPS, per_step * NEAR_STEPS, readers)
+        if needed > limit:
+            raise CacheLimitError(self.spec.cache_dir, f"cache_limit_bytes={limit:,} is below the working set: "
+                                  f"{readers} reader(s) on the node x {bs} samples over {per_step} shard(s) per step, "
+                                  f"read as sample ranges (each at least a disk block) with their sidecars, plus "
+                                  f"one shard of {self.max_shard:,} bytes, need {needed:,} bytes; raise "
+                                  f"cache_limit_bytes to at least {needed:,}, use fewer workers or smaller batches",
+                                  needed)
+
+    def _plan_samples(self, pos: dict):
+        """(upcoming shards, near samples by shard) for SamplePrefetcher."""
+        upcoming = [(ref, step) for ref, step, _ in self._plan(pos)]
+        feed, index = self.feed, self.ds.index
+        epoch, step = feed.epoch, feed.step
+        plan, bs = feed.plan(epoch), feed.batch_size(epoch)
+        steps = NEAR_STEPS
+        start, stop = step * bs, min(plan.num_samples, (step + steps) * bs)
+        if stop <= start:
+            return upcoming, []
+        ids = plan.positions(start, stop)
+        shard, local = index.locate(ids)
+        near = []
+        uniq, first = np.unique(shard, return_index=True)
+        steps_of = step_key(epoch, step) + np.arange(len(ids), dtype=np.int64) // bs
+        for j in np.argsort(first, kind="stable").tolist():
+            s = int(uniq[j])
+            mine = shard == s
+            near.append((self.shards.ref(s), step_key(epoch, step + int(first[j]) // bs), (local[mine], steps_of[mine]),
+                         int(index.counts[s])))
+        return upcoming, near
 
     def _check_budget(self) -> int:
         """The prefetch window in bytes; CacheLimitError if the node's working set cannot fit.

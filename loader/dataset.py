@@ -257,13 +257,14 @@ class ShardDataset(torch.utils.data.IterableDataset):
         processes read at once (sizes what each keeps open in the cache)."""
         cached = None
         if self.cache is not None:
-            from shardfeed.cache.reads import CachedShards
-
-            cached = CachedShards(self.index, self.cache, self.shard_url)
-        if cached is not None:
+            from shardfeed.cache.ranged_reads import RangedShards
             from shardfeed.loader.caching import node_ranks
 
-            readers *= node_ranks(self.topology)  # every rank of the node shares the cache's budget
+            ranks = node_ranks(self.topology)  # every rank of the node shares the cache's budget
+            # sample ranges for the global order only: the others read each shard's samples together
+            cached = RangedShards(self.index, self.cache, self.shard_url, ranges=self.order is Order.GLOBAL,
+                                  readers=readers * ranks)
+            readers *= ranks
         maker = BatchMaker(self.index, decode=self.decode if decode is None else decode, transform=self.transform,
                            collate_fn=collate_fn, policy=self.policy, read_mode=self.read_mode, cached=cached,
                            readers=readers)

@@ -134,6 +134,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.connection.shutdown(socket.SHUT_RDWR)
             return
         self.wfile.write(data)
+        self.server.sent(rel, len(data))
 
     def _send(self, status: int, data: bytes, ctype: str = "text/plain", body: bool = True):
         self.send_response(status)
@@ -156,11 +157,21 @@ class RangeServer(ThreadingHTTPServer):
         self.root = root
         self.requests: dict[str, int] = {}
         self.heads: dict[str, int] = {}
+        self.body_bytes: dict[str, int] = {}
         self.faults: list[Fault] = []
         self.stopping = False
         self._mu = threading.Lock()
         self.url = f"http://127.0.0.1:{self.server_address[1]}"
         self._thread = threading.Thread(target=self.serve_forever, name="test-http", daemon=True)
+
+    def sent(self, rel: str, n: int) -> None:
+        with self._mu:
+            self.body_bytes[rel] = self.body_bytes.get(rel, 0) + n
+
+    def bytes_sent(self, suffix: str = "") -> int:
+        """Body bytes sent for paths ending in ``suffix`` (counted here, on the server's side)."""
+        with self._mu:
+            return sum(n for p, n in self.body_bytes.items() if p.endswith(suffix))
 
     def count(self, rel: str, method: str = "GET") -> None:
         with self._mu:

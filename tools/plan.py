@@ -4,9 +4,12 @@ For each order (none, shard, block with the largest window the budget
 holds, global, and global with locality-aware dealing when there are
 several nodes) the bytes one node fetches per epoch through a whole-shard
 cache of --cache-limit bytes, for Belady (clairvoyant: the cache follows the
-plan's lookahead) and LRU. The plan is pure, so this replays the node's
-exact shard sequence (shuffling.cache_sim); it is exact for the model (whole
-shards, a node's ranks stepping together), not a guess.
+plan's lookahead) and LRU, and for the global order what shardfeed's cache
+does ("shardfeed": whole shards while they fit, the samples' byte ranges for
+the rest). The plan is pure, so this replays the node's exact sequence
+(cache.simulate); it is exact for the model (a node's ranks stepping
+together; sample ranges priced at the shard's mean sample), not a guess.
+DATASET may be a URL: its index is mirrored into --cache-dir (no shard is read).
 Exit codes: 0 shown; 2 the dataset could not be opened or an option is invalid.
 """
 
@@ -25,7 +28,9 @@ from shardfeed.tools.text import plural, show_progress
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = __doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n", 1)[1]
-    p.add_argument("dataset", metavar="DATASET", help="dataset folder (or anything open_index takes)")
+    p.add_argument("dataset", metavar="DATASET", help="dataset folder or URL (or anything open_index takes)")
+    p.add_argument("--cache-dir", default=None, metavar="DIR",
+                   help="for a URL: where its index is mirrored (default: a temporary folder)")
     p.add_argument("--cache-limit", required=True, type=parse_size, metavar="BYTES",
                    help="each node's cache budget, e.g. 200GB or 64GiB")
     p.add_argument("--world-size", type=int, default=1, metavar="N", help="ranks in the job")
@@ -67,7 +72,7 @@ def _check(args) -> str | None:
 
 def orders(sizes, limit: int, rpn: int, nodes: int) -> list[tuple[str, dict, str]]:
     """(order, PlanSpec options, note) of each row; a block window the budget cannot hold is a note."""
-    from shardfeed.shuffling.cache_sim import block_window
+    from shardfeed.cache.simulate import block_window
 
     rows = [("none", {}, ""), ("shard", {}, "")]
     try:
@@ -81,10 +86,24 @@ def orders(sizes, limit: int, rpn: int, nodes: int) -> list[tuple[str, dict, str
     return rows
 
 
+def ranged_epochs(counts, sizes, acc, limit: int, rpn: int, batch_size: int, sidecar_share: float) -> list[int]:
+    """Bytes per epoch of shardfeed's cache on the global order's accesses ``acc`` (cache.simulate)."""
+    from shardfeed.cache.cost_model import expected_working, range_reserve
+    from shardfeed.cache.simulate import simulate_ranged
+
+    total, samples = int(np.sum(sizes)), int(np.sum(counts))
+    reserve = 0
+    if total * (1 + sidecar_share) > limit * 1.002:  # as RangePolicy: the data does not fit
+        working = expected_working(total, samples, len(sizes), batch_size, min(batch_size, len(sizes)), rpn,
+                                   sidecar_share)
+        reserve = range_reserve(limit, total, sidecar_share, working)
+    return simulate_ranged(sizes, counts, acc, limit, reserve, sidecar_share).tolist()
+
+
 def simulate_orders(counts, sizes, limit: int, world_size: int, rpn: int, batch_size: int, epochs: int,
-                    seed: int = 0, node: int = 0, progress: bool = False) -> list[dict]:
+                    seed: int = 0, node: int = 0, progress: bool = False, sidecar_share: float = 0.03) -> list[dict]:
     """One dict per (order, policy): bytes fetched by ``node`` in each epoch."""
-    from shardfeed.shuffling.cache_sim import Policy, plan_accesses, simulate
+    from shardfeed.cache.simulate import Policy, plan_accesses, simulate
     from shardfeed.shuffling.spec import Job, PlanSpec
 
     nodes = -(-world_size // rpn)
@@ -105,6 +124,9 @@ def simulate_orders(counts, sizes, limit: int, world_size: int, rpn: int, batch_
                 acc = plan_accesses(PlanSpec(counts, order, seed, **opts), job, node, range(epochs))
                 for p in Policy:
                     out.append(dict(base, policy=p.value, epochs=simulate(sizes, acc, limit, p).tolist()))
+                if order == "global" and not base["locality"]:
+                    out.append(dict(base, policy="shardfeed",
+                                    epochs=ranged_epochs(counts, sizes, acc, limit, rpn, batch_size, sidecar_share)))
             except ValueError as e:  # a sequence too long to simulate exactly
                 out.extend(dict(base, policy=p.value, epochs=None, note=str(e)) for p in Policy)
         if bar is not None:
@@ -114,20 +136,46 @@ def simulate_orders(counts, sizes, limit: int, world_size: int, rpn: int, batch_
     return out
 
 
+def _open(args):
+    """(index, sidecar bytes per shard byte) of DATASET: a URL's index mirrored, its sidecars
+    not read (the share is then the usual 3%); a local one's sidecars measured."""
+    import os
+    import tempfile
+
+    from shardfeed.cache.ranged_reads import SIDECAR_SHARE
+    from shardfeed.cache.sources import scheme_of
+    from shardfeed.formats import open_index
+
+    src = str(args.dataset)
+    if scheme_of(src) not in ("", "file"):
+        from shardfeed.cache.remote_index import open_remote_index
+
+        folder = args.cache_dir or tempfile.mkdtemp(prefix="shardfeed-plan-")
+        return open_remote_index(src, folder, limit_bytes=1 << 40), SIDECAR_SHARE
+    index = open_index(src)
+    side = 0
+    for i in range(len(index)):
+        try:
+            side += os.path.getsize(index.path(i) + ".idx")
+        except OSError:
+            pass
+    return index, side / max(1, int(index.sizes.sum()))
+
+
 def _cell(b: float, dataset: int, share: float) -> str:
     return f"{human_bytes(b)} ({b / dataset:.2f}x, {b / share:.2f}x share)"
 
 
 def main(args: argparse.Namespace) -> int:
-    from shardfeed.formats import ShardError, open_index
+    from shardfeed.formats import ShardError
 
     err = _check(args)
     if err:
         print(f"shardfeed plan: {err}", file=sys.stderr)
         return 2
     try:
-        index = open_index(args.dataset)
-    except ShardError as e:
+        index, sidecar_share = _open(args)
+    except (ShardError, ValueError) as e:
         print(f"shardfeed plan: cannot open {args.dataset}: {e}", file=sys.stderr)
         return 2
     counts, sizes = index.counts, index.sizes
@@ -140,7 +188,7 @@ def main(args: argparse.Namespace) -> int:
     share = total / nodes
     t0 = time.monotonic()
     rows = simulate_orders(counts, sizes, args.cache_limit, args.world_size, rpn, args.batch_size, args.epochs,
-                           args.seed, args.node, progress=show_progress(args.json))
+                           args.seed, args.node, progress=show_progress(args.json), sidecar_share=sidecar_share)
     took = time.monotonic() - t0
     head = {"dataset": args.dataset, "shards": len(index), "samples": int(counts.sum()), "dataset_bytes": total,
             "cache_limit": args.cache_limit, "world_size": args.world_size, "ranks_per_node": rpn,
@@ -170,6 +218,6 @@ def main(args: argparse.Namespace) -> int:
     for line in [cols, ["-" * w for w in widths]] + lines:
         print("  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip())
     print()
-    print(f"simulated {plural(len(rows) // 2, 'order')} x 2 policies over {plural(args.epochs, 'epoch')} "
-          f"in {took:.1f} s")
+    print(f"simulated {plural(len(rows), 'row')} over {plural(args.epochs, 'epoch')} in {took:.1f} s; "
+          "shardfeed: the cache's own policy (global order: whole shards while they fit, sample ranges after)")
     return 0

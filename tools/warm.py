@@ -65,8 +65,8 @@ def warm(folder: str) -> int:
 
 def _kernels_off_the_read_path() -> None:
     """The kernels a plain read does not reach, called through their public APIs."""
+    from shardfeed.cache.simulate import simulate
     from shardfeed.shuffling import locality
-    from shardfeed.shuffling.cache_sim import simulate
     from shardfeed.shuffling.permutation import Permutation
 
     p = Permutation(100, 7)

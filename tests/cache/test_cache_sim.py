@@ -1,12 +1,11 @@
-"""shuffling.cache_sim against a brute-force reference, and its sequences against the plans."""
+"""cache.simulate against a brute-force reference, and its sequences against the plans."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from shardfeed.shuffling import Topology, make_plan
-from shardfeed.shuffling.cache_sim import (
+from shardfeed.cache.simulate import (
     Accesses,
     Policy,
     block_window,
@@ -15,6 +14,7 @@ from shardfeed.shuffling.cache_sim import (
     run_length,
     simulate,
 )
+from shardfeed.shuffling import Topology, make_plan
 from shardfeed.shuffling.spec import Job, PlanSpec
 
 

@@ -3,7 +3,7 @@
 Each simulated node has its own loopback HTTP server throttled to a fixed
 bandwidth (its link) serving the dataset, its own ShardCache, and one
 consumer that walks the node's reads (its ranks' batches, step by step, as
-shuffling.cache_sim models them) through a Prefetcher fed with the plan,
+cache.simulate models them) through a Prefetcher fed with the plan,
 reading each sample's bytes from the cached shard at a fixed rate just under
 the link (90%). Nodes run side by side. For each cache size (25%, 50%, 100%
 of the dataset, per node), plan (`block` with the window the budget holds,
@@ -97,7 +97,7 @@ def run_node(index, acc, url: str, cache_dir: str, limit: int, belady: bool, sam
 
 
 def run_config(index, root, work, fraction, plan, opts, policy, setup) -> dict:
-    from shardfeed.shuffling.cache_sim import block_window, plan_accesses, simulate
+    from shardfeed.cache.simulate import block_window, plan_accesses, simulate
     from shardfeed.shuffling.spec import Job, PlanSpec
     from shardfeed.tools.bench.throttled_http import ThrottledServer
 
@@ -216,7 +216,7 @@ def markdown(rows, cold, setup, total, checks) -> str:
              f"{NODES} nodes x {RANKS_PER_NODE} ranks, batch {BATCH} per rank; each node's link "
              f"{human_bytes(link)}/s, consumer at {CONSUMER:.0%} of it; prefetch window {AHEAD_SHARDS} shards. "
              "Bytes are per node (mean of the nodes), as a multiple of the dataset, [x the node's share]; "
-             "sim: shuffling.cache_sim's exact prediction for the same sequence and policy.", "",
+             "sim: cache.simulate's exact prediction for the same sequence and policy.", "",
              "| cache | plan | policy | fetched epoch 1 | fetched epoch 2 | sim e1 / e2 | stall e1 / e2 "
              "| epoch time e1 / e2 |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:

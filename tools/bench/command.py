@@ -9,6 +9,7 @@
     shardfeed bench tokens    token windows under global shuffle vs a Megatron-style memmap loop (bench_tokens)
     shardfeed bench convert   conversion throughput and write-time shuffle (bench_convert)
     shardfeed bench cache     node cache vs a throttled remote (bench_cache)
+    shardfeed bench remote    a remote dataset through a cache smaller than it: bytes, requests, stall
     shardfeed bench mix       mixing overhead and audit memory (bench_mix)
     shardfeed bench stream    publish-to-delivery latency, ingest + follow throughput (bench_stream)
     shardfeed bench compare   beside the peers: whole pass, steady, first batch (bench_compare)
@@ -41,6 +42,8 @@ BENCHES = {
     "tokens": ("shardfeed.tools.bench.tokens",
                "LLM token windows under global shuffle vs a Megatron-style .bin/.idx memmap loop, tokens/s"),
     "cache": ("shardfeed.tools.bench.cache", "node-local cache against a throttled remote: bytes fetched, stalls"),
+    "remote": ("shardfeed.tools.bench.remote",
+               "remote dataset over a shaped link through a cache smaller than it: bytes, requests, stall"),
     "mix": ("shardfeed.tools.bench.mix", "mixing overhead of a 3-source Mixture and the audit's memory"),
     "convert": ("shardfeed.tools.bench.convert", "conversion throughput, write-shuffle memory and quality"),
     "stream": ("shardfeed.tools.bench.stream", "streaming: publish-to-delivery latency, ingest + follow throughput"),

@@ -1,9 +1,13 @@
-"""A loopback HTTP file server with Range support and a fixed bandwidth.
+"""A loopback HTTP file server with Range support, a fixed bandwidth and a per-request latency.
 
 One server stands for one node's link to remote storage: every response
 body, whatever the number of connections, shares one byte budget per
 second (paced, no bursts), so fetching N bytes takes N / rate seconds as it
-would on a saturated link. For benchmarks; tests use tests/cache_servers.py.
+would on a saturated link; each request first waits ``latency_s`` (an object
+store's time to first byte), concurrent requests waiting side by side. The
+link is shaped in the server itself (tc netem is not available in
+containers). Counts requests and body bytes. For benchmarks; tests use
+tests/cache_servers.py.
 """
 
 from __future__ import annotations
@@ -38,6 +42,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
+        if self.server.latency_s:
+            time.sleep(self.server.latency_s)
+        self.server.request()
         size = os.path.getsize(path)
         start, end = start_range_reply(self, size)
         if not body:
@@ -53,18 +60,20 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class ThrottledServer(ThreadingHTTPServer):
-    """``ThrottledServer(root, bytes_per_s)``: serves ``root`` on 127.0.0.1 in a
-    thread (``with`` starts and stops it); ``url``, ``bytes_sent``."""
+    """``ThrottledServer(root, bytes_per_s, latency_s=0)``: serves ``root`` on 127.0.0.1
+    in a thread (``with`` starts and stops it); ``url``, ``bytes_sent``, ``requests``."""
 
     daemon_threads = True
 
-    def __init__(self, root: str, bytes_per_s: float):
+    def __init__(self, root: str, bytes_per_s: float, latency_s: float = 0.0):
         super().__init__(("127.0.0.1", 0), _Handler)
-        if bytes_per_s <= 0:
-            raise ValueError(f"bytes_per_s={bytes_per_s!r} must be > 0")
+        if bytes_per_s <= 0 or latency_s < 0:
+            raise ValueError(f"bytes_per_s={bytes_per_s!r} must be > 0 and latency_s={latency_s!r} >= 0")
         self.root = root
         self.rate = float(bytes_per_s)
+        self.latency_s = float(latency_s)
         self.bytes_sent = 0
+        self.requests = 0
         self._mu = threading.Lock()
         self._free_at = 0.0  # when the link is next free (monotonic)
         self.url = f"http://127.0.0.1:{self.server_address[1]}"
@@ -78,6 +87,10 @@ class ThrottledServer(ThreadingHTTPServer):
             self._free_at = start + n / self.rate
         if start > now:
             time.sleep(start - now)
+
+    def request(self) -> None:
+        with self._mu:
+            self.requests += 1
 
     def count(self, n: int) -> None:
         with self._mu:

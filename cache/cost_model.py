@@ -1,0 +1,85 @@
+"""What a fetch costs: ``requests x latency + bytes / bandwidth``.
+
+The cache chooses between fetching a whole shard and fetching the byte
+ranges of the samples the plan reads next (ranges.py) by this cost. Latency
+and bandwidth are learned from the cache's own recent requests (an
+exponential average per process), starting from defaults that fit an object
+store reached over a data-centre network (20 ms, 100 MB/s):
+
+- latency: the time of requests small enough (<= ``SMALL_BYTES``) that their
+  transfer time is noise next to the round trip;
+- bandwidth: bytes over (time - latency) of requests large enough
+  (>= ``LARGE_BYTES``) that the round trip is a small part of them.
+
+Two ranges of one shard are read as one when the gap between them costs less
+to transfer than a request costs to start (``gap_bytes``: latency x
+bandwidth), capped at ``max_gap_bytes`` so coalescing never moves much more
+than the plan reads: the cache's first aim is the fewest bytes, time second.
+"""
+
+from __future__ import annotations
+
+import threading
+
+DEFAULT_LATENCY_S = 0.020
+DEFAULT_BANDWIDTH = 100e6  # bytes per second
+SMALL_BYTES = 64 << 10
+LARGE_BYTES = 1 << 20
+MAX_GAP_BYTES = 4 << 10  # a tar header and padding between two samples: adjacent samples merge
+_WEIGHT = 0.2  # weight of the newest request in the averages
+
+
+class CostModel:
+    def __init__(self, latency_s: float = DEFAULT_LATENCY_S, bandwidth: float = DEFAULT_BANDWIDTH,
+                 max_gap_bytes: int = MAX_GAP_BYTES):
+        if latency_s < 0 or bandwidth <= 0 or max_gap_bytes < 0:
+            raise ValueError(f"CostModel needs latency_s >= 0, bandwidth > 0 and max_gap_bytes >= 0, got "
+                             f"{latency_s}, {bandwidth}, {max_gap_bytes}")
+        self.latency_s = float(latency_s)
+        self.bandwidth = float(bandwidth)
+        self.max_gap_bytes = int(max_gap_bytes)
+        self.samples = 0  # requests observed
+        self._mu = threading.Lock()
+
+    def observe(self, nbytes: int, seconds: float) -> None:
+        """One request that moved ``nbytes`` in ``seconds`` (first byte asked to last byte in)."""
+        if seconds <= 0:
+            return
+        with self._mu:
+            self.samples += 1
+            if nbytes <= SMALL_BYTES:
+                self.latency_s += _WEIGHT * (seconds - self.latency_s)
+            elif nbytes >= LARGE_BYTES:
+                transfer = max(seconds - self.latency_s, seconds * 0.1)
+                self.bandwidth += _WEIGHT * (nbytes / transfer - self.bandwidth)
+
+    def cost(self, requests: float, nbytes: float) -> float:
+        """Seconds to move ``nbytes`` in ``requests`` requests."""
+        return requests * self.latency_s + nbytes / self.bandwidth
+
+    def gap_bytes(self) -> int:
+        """Largest gap between two ranges that is cheaper to read through than to skip."""
+        return int(min(self.max_gap_bytes, self.latency_s * self.bandwidth))
+
+    def describe(self) -> dict:
+        return {"latency_s": round(self.latency_s, 6), "bandwidth_Bps": round(self.bandwidth),
+                "gap_bytes": self.gap_bytes(), "requests_observed": self.samples}
+
+
+RESERVE_SHARE = 1 / 32  # of the budget, kept free for ranges in flight and partial copies
+
+
+def range_reserve(limit_bytes: int, total_bytes: int, sidecar_share: float, working_bytes: int) -> int:
+    """Bytes of the budget kept free of whole shards when the data does not fit
+    (ranged_reads.py): a share of the budget, the sidecars of the shards left
+    outside, and what the node's readers hold at once as ranges."""
+    outside = max(0.0, 1.0 - limit_bytes / max(1, total_bytes * (1 + sidecar_share)))
+    return int(limit_bytes * RESERVE_SHARE + total_bytes * sidecar_share * outside + working_bytes)
+
+
+def expected_working(total_bytes: int, samples: int, shards: int, batch: int, shards_per_step: int,
+                     readers: int, sidecar_share: float) -> int:
+    """Bytes ``readers`` batches hold at once as ranges and sidecars, on average."""
+    avg = total_bytes / max(1, samples)
+    sidecar = sidecar_share * total_bytes / max(1, shards)
+    return int(readers * (batch * avg + shards_per_step * sidecar))

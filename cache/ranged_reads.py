@@ -1,0 +1,313 @@
+"""Readers' shards through the cache, whole or as the sample ranges a batch needs.
+
+``RangePolicy`` decides, per shard and per batch (or prefetch), how a miss
+is fetched (cost_model.py for the cost):
+
+1. Admission: while the budget has room for the whole shard beyond a
+   reserve (partial copies and sidecars of the shards it cannot hold), the
+   whole shard is fetched: it serves every later read of it, this epoch
+   and the next ones, and is the only way what the cache holds grows.
+2. Dense reuse: when the samples needed soon are at least half the shard
+   (stored, shard and block orders), the whole shard.
+3. Otherwise the cheaper of: the whole shard, which also displaces as many
+   cached bytes that will be read again (``cost(1, size) + size / bw``), and
+   the coalesced ranges of the samples needed (``cost(ranges, bytes)``).
+
+Only plain (uncompressed) tar shards with sidecars have sample ranges;
+others are always whole. Once a shard is open as a partial copy, its later
+batches keep reading that copy until the reader closes it.
+
+``RangedShards`` is CachedShards with ``prepare(ids)`` / ``finish(token)``
+around each batch read: prepare fetches the batch's ranges (pinned until
+finish) and counts hits and misses per shard of the batch; ``path_of`` then
+hands out the partial copy. Consumed samples are punched out of the copy at
+finish when the order reads each sample once per epoch.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numpy as np
+
+from shardfeed.cache.cost_model import CostModel, expected_working, range_reserve
+from shardfeed.cache.ranges import RangeFetcher, coalesce, spans
+from shardfeed.cache.reads import CachedShards
+from shardfeed.cache.store import ShardRef
+
+WHOLE, RANGES = "whole", "ranges"
+ENABLED = True  # False: whole shards only, as before sample ranges (benchmarks and tests compare the two)
+SIDECAR_SHARE = 0.03  # sidecar bytes per shard byte assumed for the reserve
+_USED_TTL_S = 0.02  # a budget scan lists the cache folder: reuse its answer this long (other ranks admit too)
+
+_policies: dict[tuple, RangePolicy] = {}
+_mu = threading.Lock()
+
+
+def rangeable(index, i: int) -> bool:
+    return index.formats[i] == "tar" and i not in index.tables
+
+
+class RangePolicy:
+    """Whole shard or sample ranges, per miss (see the module docstring); one per process and cache."""
+
+    def __init__(self, cache, total_bytes: int):
+        self.cache = cache
+        self.cost = CostModel()
+        self.fetcher = RangeFetcher(cache, self.cost, self.observe_sidecar)
+        self.total_bytes = total_bytes
+        self._seen_sidecars: dict[str, tuple[int, int]] = {}  # url -> (sidecar bytes, shard bytes)
+        self.sidecar_share = SIDECAR_SHARE
+        self.working = 0  # bytes the readers' batches pin at once as ranges and sidecars (working_set)
+        self._sized()
+
+        self._used = (0.0, 0)
+        self.decisions = {WHOLE: 0, RANGES: 0}
+
+    def _sized(self) -> None:
+        # the reserve holds the sidecars of the shards the budget cannot hold whole, and ranges in flight
+        limit, total = self.cache.limit_bytes, self.total_bytes
+        seen = list(self._seen_sidecars.values())
+        measured = sum(a for a, _ in seen) / max(1, sum(b for _, b in seen)) if seen else 0.0
+        self.fits = total * (1 + measured) <= limit * 1.002  # sidecars as measured so far (a budget of exactly all)
+        self.reserve = 0 if self.fits else range_reserve(limit, total, self.sidecar_share, self.working)
+
+    def working_set(self, index, samples: int, shards: int, readers: int) -> int:
+        """Bytes ``readers`` batches of ``samples`` samples over ``shards`` shards hold at once
+        as ranges (each rounded up to disk blocks, one more for a range's edges) and sidecars;
+        kept free for them from now on (the reserve)."""
+        avg = self.total_bytes / max(1, index.num_samples)
+        block = 4096
+        sidecar = self.sidecar_share * self.total_bytes / max(1, len(index))
+        # kept free: a shortfall costs an eviction
+        expected = expected_working(self.total_bytes, index.num_samples, len(index), samples, shards, readers,
+                                    self.sidecar_share)
+        if expected > self.working:
+            self.working = expected
+            self._sized()
+        # pinned at once at worst: the start check, so a batch never waits on its own pins
+        return readers * (samples * (-(-int(avg) // block) * block + block) + shards * (int(sidecar) + block))
+
+    def observe_sidecar(self, nbytes: int, shard_bytes: int, url: str = "") -> None:
+        if url in self._seen_sidecars:
+            return
+        self._seen_sidecars[url or str(len(self._seen_sidecars))] = (int(nbytes), int(shard_bytes))
+        seen = self._seen_sidecars.values()
+        self.sidecar_share = sum(a for a, _ in seen) / max(1, sum(b for _, b in seen))
+        self._sized()
+
+    @classmethod
+    def of(cls, cache, index) -> RangePolicy:
+        key = (os.getpid(), id(cache))
+        with _mu:
+            p = _policies.get(key)
+            if p is None or p.cache is not cache:
+                p = _policies[key] = cls(cache, int(np.asarray(index.sizes).sum()))
+            return p
+
+    def whole_used(self) -> int:
+        """Budget bytes outside partial copies: whole shards, their sidecars, temporaries.
+        Partial copies live in the reserve, so a whole shard is never admitted into
+        room they hold only for a moment (it would evict what the plan reads next)."""
+        total = 0
+        with os.scandir(self.cache.data_dir) as it:
+            for e in it:
+                if e.name.startswith("r-") and ".tmp-" not in e.name:
+                    continue
+                try:
+                    total += e.stat().st_size
+                except FileNotFoundError:
+                    pass
+        return total
+
+    def used(self) -> int:
+        t, used = self._used
+        now = time.monotonic()
+        if now - t > _USED_TTL_S:
+            used = self.whole_used()
+            self._used = (now, used)
+        return used
+
+    def admit(self, size: int, pending: int = 0) -> bool:
+        return self.used() + pending + size + self.reserve <= self.cache.limit_bytes
+
+    def choose(self, ref: ShardRef, needed: int, count: int, ranges_cost=None, pending: int = 0) -> str:
+        """How to fetch shard ``ref`` (``count`` samples) when ``needed`` of them are wanted soon;
+        ``pending``: bytes of whole shards chosen for the same read and not fetched yet."""
+        size = int(ref.size or 0)
+        if self.fits:
+            way = WHOLE
+        elif self.admit(size, pending) or (needed * 2 >= count and self.admit(size, pending - self.reserve)):
+            way = WHOLE if self._claim(ref, size, pending - (self.reserve if needed * 2 >= count else 0)) else RANGES
+        elif ranges_cost is None:
+            way = RANGES
+        else:
+            way = WHOLE if self.cost.cost(1, size) + size / self.cost.bandwidth <= ranges_cost() else RANGES
+        if way == WHOLE:
+            self._used = (time.monotonic(), self._used[1] + size)  # until the next scan sees it
+        self.decisions[way] += 1
+        return way
+
+    def _claim(self, ref: ShardRef, size: int, pending: int) -> bool:
+        """Admit a whole shard for good: under the node's budget lock, check the room again
+        and hold it with a placeholder temporary of the shard's size (sparse: no disk), which
+        the shard's own fetch drops when it starts (budget.py: a temporary of the key it
+        fetches). Several ranks and threads deciding at once would otherwise all see the
+        same free room."""
+        import uuid
+
+        from shardfeed.cache.locks import FileLock
+
+        cache = self.cache
+        key = cache.key_for(ref.url, ref.hash)
+        with FileLock(os.path.join(cache.cache_dir, ".cache.lock")):
+            used = self.whole_used()
+            if used + pending + size + self.reserve > cache.limit_bytes:
+                self._used = (time.monotonic(), used)
+                return False
+            if os.path.exists(os.path.join(cache.data_dir, key)):
+                return True
+            tmp = os.path.join(cache.data_dir, f"{key}.tmp-admit-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+            with open(tmp, "wb") as f:
+                f.truncate(size)
+            self._used = (time.monotonic(), used + size)
+        return True
+
+    def ranges_cost(self, ref: ShardRef, local):
+        """() -> cost of fetching samples ``local`` of ``ref`` as ranges, or None when its
+        sidecar is not known here yet (then ranges: fetching the sidecar to decide costs as much)."""
+        memo = self.fetcher._tables.get(self.fetcher.path(ref) + ".idx")
+        if memo is None:
+            return None
+
+        def cost() -> float:
+            start, end = spans(memo[2], np.asarray(local, np.int64))
+            rs = coalesce(start, end, self.cost.gap_bytes())
+            return self.cost.cost(len(rs), sum(b - a for a, b in rs))
+        return cost
+
+    def stats(self) -> dict:
+        return {**self.fetcher.counters, **self.cost.describe(), "whole_decisions": self.decisions[WHOLE],
+                "range_decisions": self.decisions[RANGES], "reserve_bytes": self.reserve}
+
+
+class RangedShards(CachedShards):
+    """CachedShards whose misses may be fetched as sample ranges (see the module docstring).
+
+    ``ranges``: False reads whole shards only (orders that read a shard's
+    samples together: none, shard, block); consumed samples' blocks are
+    given back (orders that read each sample once per epoch)."""
+
+    def __init__(self, index, spec, url_of=None, ranges: bool = True, readers: int = 1):
+        super().__init__(index, spec, url_of)
+        self.ranges = ranges
+        self.punch_consumed = ranges
+        self.readers = max(1, int(readers))
+        self._partial: set[int] = set()  # shards whose next path_of is their partial copy
+        self._kind: dict[int, str] = {}  # shard -> what its open view reads (WHOLE / RANGES)
+
+    @property
+    def ranged(self) -> bool:
+        """Whether misses may come as sample ranges now."""
+        return self.ranges and ENABLED
+
+    def policy(self) -> RangePolicy:
+        return RangePolicy.of(self.spec.open(), self.index)
+
+    def prepare(self, ids) -> list:
+        """Before a batch read: its samples' ranges present and pinned; returns the token for finish()."""
+        if not self.ranged:
+            return []
+        cache = self.spec.open()
+        policy = self.policy()
+        shard, local = self.index.locate(np.asarray(ids, np.int64))
+        uniq = np.unique(shard)
+        policy.working_set(self.index, len(ids), len(uniq), self.readers)
+        token = []
+        pending = 0  # whole shards this read will fetch in path_of
+        t0 = time.monotonic()
+        for s in uniq.tolist():
+            if not rangeable(self.index, s):
+                continue
+            ref = self.ref(s)
+            kind = self._kind.get(s)
+            if kind is None and not cache.contains(ref.url, ref.hash) and os.path.exists(policy.fetcher.path(ref)):
+                self._partial.add(s)  # a partial copy is here (the prefetcher's, or another rank's): use it
+            if kind == WHOLE or (kind is None and s not in self._partial and cache.contains(ref.url, ref.hash)):
+                continue  # path_of holds the whole copy and counts it
+            mine = local[shard == s]
+            count = int(self.index.counts[s])
+            if kind is None and s not in self._partial and \
+                    policy.choose(ref, len(np.unique(mine)), count, policy.ranges_cost(ref, mine), pending) == WHOLE:
+                pending += int(ref.size or 0)
+                continue
+            pin = policy.fetcher.pin(ref)
+            try:
+                _, fetched = policy.fetcher.ensure(ref, mine, count)
+            except BaseException:
+                pin.release()
+                raise
+            self._c["misses" if fetched else "hits"] += 1
+            self._partial.add(s)
+            token.append((s, ref, mine, pin))
+        self._c["wait_s"] += time.monotonic() - t0
+        return token
+
+    def finish(self, token) -> None:
+        policy = self.policy() if token else None
+        for _s, ref, mine, pin in token:
+            try:
+                if self.punch_consumed:
+                    path = policy.fetcher.path(ref)
+                    memo = policy.fetcher._tables.get(path + ".idx")
+                    if memo is not None:
+                        policy.fetcher.punch(ref, memo[2], mine)
+            finally:
+                pin.release()
+
+    def path_of(self, i: int) -> str:
+        if i in self._partial and self._kind.get(i) != WHOLE:
+            ref = self.ref(i)
+            fetcher = self.policy().fetcher
+            pin = fetcher.pin(ref)
+            path = fetcher.path(ref)
+            self._held.setdefault(i, []).append(pin)
+            self._paths[path] = i
+            self._kind[i] = RANGES
+            return path
+        self._kind[i] = WHOLE
+        had = self._c["hits"], self._c["misses"]
+        path = super().path_of(i)
+        if not self.ranges:
+            return path
+        ref = self.ref(i)
+        policy = self.policy()
+        if ref.url not in policy._seen_sidecars and os.path.exists(path + ".idx"):
+            policy.observe_sidecar(os.path.getsize(path + ".idx"), int(ref.size or 0), ref.url)
+        if self.index.formats[i] == "tar" and i in self._partial:
+            self._c["hits"], self._c["misses"] = had  # counted by prepare
+        return path
+
+    def release(self, i: int) -> None:
+        super().release(i)
+        if i not in self._held:
+            self._kind.pop(i, None)
+            self._partial.discard(i)
+
+    def refetch(self, i: int) -> bool:
+        """Discard shard ``i``'s copy found damaged: its partial copy if the reader had
+        that open (the next prepare starts a fresh one), else the whole copy."""
+        if self._kind.get(i) == RANGES or i in self._partial:
+            from shardfeed.cache.budget import SIDECAR, unlink_quiet
+            from shardfeed.cache.locks import FileLock
+
+            path = self.policy().fetcher.path(self.ref(i))
+            with FileLock(os.path.join(self.spec.open().lock_dir, os.path.basename(path) + ".fetch")):
+                for p in (path, path + SIDECAR):
+                    unlink_quiet(p)  # open views keep their inode and check what they read
+            self._partial.discard(i)
+            return True
+        return super().refetch(i)
+

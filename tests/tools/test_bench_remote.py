@@ -1,0 +1,35 @@
+"""`shardfeed bench remote` on a tiny dataset: the table's columns and values are sane."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+
+from shardfeed.tools.bench import remote
+
+
+def test_bench_remote_writes_a_sane_table(tmp_path):
+    p = argparse.ArgumentParser()
+    remote.add_arguments(p)
+    out = str(tmp_path / "out")
+    # 256 samples of 8 KiB, 2 epochs, 200 MB/s + 2 ms, batch 8, no compute
+    args = p.parse_args(["--out", out, "--setup", "256,8192,2,200e6,0.002,8,0", "--no-plot"])
+    assert remote.main(args) == 0
+    with open(os.path.join(out, "remote.csv")) as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == remote.COLUMNS
+    ours = [r for r in rows if r["reader"] == "shardfeed"]
+    whole = [r for r in rows if r["reader"] == "shardfeed (whole shards only)"]
+    assert [r["epoch"] for r in ours] == ["0", "1"]
+    # whole shards: one global step's 8 shards do not fit half of 16 shards, refused at start with the bytes
+    assert len(whole) == 1 and whole[0]["note"].startswith("refused at start: needs")
+    for r in ours:
+        assert int(r["bytes_fetched"]) > 0 and int(r["requests"]) > 0 and float(r["epoch_s"]) > 0
+        assert 0 <= float(r["stall"]) <= 1 and 1 <= float(r["classes_per_batch"]) <= 8
+    # the second epoch through half the dataset: sample ranges stay near the bound (this tiny dataset's
+    # prefetch window is a large share of the budget: 1.25x the bound here, within it at the full size)
+    assert 0.2 < float(ours[1]["x_dataset"]) <= 1.25 * float(ours[1]["bound_x"])
+    peers = {r["reader"]: r["note"] for r in rows if r["reader"] in ("MosaicML Streaming", "LitData")}
+    assert set(peers) == {"MosaicML Streaming", "LitData"} and all(peers.values())
+    assert open(os.path.join(out, "remote.md")).read().count("\n| ") == len(rows) + 1

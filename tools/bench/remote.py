@@ -1,0 +1,196 @@
+"""`shardfeed bench remote`: reading a remote dataset through a cache smaller than it.
+
+One loopback HTTP server shaped like a link to an object store (bandwidth
+and a per-request latency, in the server: tools/bench/throttled_http.py)
+serves a class-ordered tar dataset (samples written class after class).
+Each reader reads it for several epochs in the global order through a cache
+of --cache-fraction of the dataset (shards and sidecars), with a fixed
+compute time per batch, and we measure on the server's side the bytes and
+requests of each epoch, and on the reader's side the epoch time, the data
+stall (time waiting for a batch / epoch time) and the classes per batch
+(how well the order mixes class-ordered data). Readers: shardfeed as it is
+(whole shards while they fit, sample ranges after), shardfeed with whole
+shards only (the cache before sample ranges), and MosaicML Streaming and
+LitData with the same cache limit where they are installed (a row says
+"not installed" otherwise). The bound column is 1.1 x (1 - f) x dataset.
+
+Writes remote.md, remote.csv and remote.png to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+SETUPS = {  # samples, payload bytes, epochs, link bytes/s, latency s, batch, compute s per batch
+    "full": (2048, 32 << 10, 3, 100e6, 0.020, 16, 0.010),
+    "quick": (512, 8 << 10, 2, 100e6, 0.020, 8, 0.005),
+}
+COLUMNS = ["reader", "epoch", "bytes_fetched", "x_dataset", "bound_x", "requests", "epoch_s", "stall",
+           "classes_per_batch", "note"]
+CLASSES = 10
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = __doc__.strip()
+    if not any("--out" in a.option_strings for a in parser._actions):
+        parser.add_argument("--out", default="bench-results", help="output folder (default: %(default)s)")
+    parser.add_argument("--quick", action="store_true", help="a 5 MB dataset, 2 epochs (under 2 minutes)")
+    parser.add_argument("--setup", default=None, metavar="SAMPLES,PAYLOAD,EPOCHS,BYTES_PER_S,LATENCY_S,BATCH,COMPUTE_S",
+                        help="a dataset and link of your own (tests use a tiny one)")
+    parser.add_argument("--cache-fraction", type=float, default=0.5, metavar="F",
+                        help="cache limit as a fraction of the dataset (default %(default)s)")
+    parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
+
+
+def write_dataset(root: str, samples: int, payload: int) -> None:
+    from shardfeed.formats import ShardWriter
+
+    rng = np.random.default_rng(0)
+    with ShardWriter(root, max_shard_samples=16) as w:
+        for i in range(samples):
+            w.write({"__key__": f"{i:08d}", "cls": i * CLASSES // samples,
+                     "bin": rng.integers(0, 256, payload, dtype=np.uint8).tobytes()})
+
+
+def _shardfeed(url, cache_dir, limit, epochs, batch, compute_s, srv, whole_only: bool):
+    from shardfeed.cache import ranged_reads
+    from shardfeed.loader import Loader, ShardDataset
+
+    ranged_reads.ENABLED = not whole_only
+    rows = []
+    try:
+        ds = ShardDataset(url, shuffle="global", seed=0, cache_dir=cache_dir, cache_limit_bytes=limit)
+        with Loader(ds, batch) as loader:
+            for epoch in range(epochs):
+                loader.set_epoch(epoch)
+                b0, r0, t0 = srv.bytes_sent, srv.requests, time.perf_counter()
+                classes = []
+                for b in loader:
+                    classes.append(len(set(b["cls"].tolist())))
+                    time.sleep(compute_s)
+                st = loader.stats()["epoch"]
+                rows.append(dict(epoch=epoch, bytes_fetched=srv.bytes_sent - b0, requests=srv.requests - r0,
+                                 epoch_s=time.perf_counter() - t0, stall=st["stall_fraction"],
+                                 classes_per_batch=float(np.mean(classes)), note=""))
+    finally:
+        ranged_reads.ENABLED = True
+        ranged_reads._policies.clear()
+    return rows
+
+
+def _peer_missing(module: str) -> str | None:
+    import importlib.util
+
+    return None if importlib.util.find_spec(module) is not None else "not installed"
+
+
+def run(setup, fraction: float, out: str, plot: bool = True) -> list[dict]:
+    from shardfeed.formats import open_index
+    from shardfeed.tools.bench.throttled_http import ThrottledServer
+
+    samples, payload, epochs, rate, latency, batch, compute_s = setup
+    work = tempfile.mkdtemp(prefix="shardfeed-bench-remote-")
+    try:
+        root = os.path.join(work, "ds")
+        write_dataset(root, samples, payload)
+        ix = open_index(root)
+        data = int(ix.sizes.sum())
+        sidecars = sum(os.path.getsize(os.path.join(root, n + ".idx")) for n in ix.names)
+        limit = int(fraction * (data + sidecars))
+        bound = 1.1 * (1 - fraction)
+        table = []
+        from shardfeed.cache import CacheLimitError
+
+        for name, whole in (("shardfeed", False), ("shardfeed (whole shards only)", True)):
+            with ThrottledServer(root, rate, latency) as srv:
+                try:
+                    rows = _shardfeed(srv.url, os.path.join(work, f"c-{int(whole)}"), limit, epochs, batch,
+                                      compute_s, srv, whole)
+                except CacheLimitError as e:  # whole shards: one step's shards may not fit a small budget
+                    rows = [dict(epoch="", bytes_fetched="", requests="", epoch_s="", stall="",
+                                 classes_per_batch="", note=f"refused at start: needs {e.needed_bytes:,} bytes")]
+            for r in rows:
+                x = r["bytes_fetched"] / data if r["bytes_fetched"] != "" else ""
+                table.append(dict(r, reader=name, x_dataset=x, bound_x=bound))
+        for name, module in (("MosaicML Streaming", "streaming"), ("LitData", "litdata")):
+            why = _peer_missing(module)
+            table.append(dict(reader=name, epoch="", bytes_fetched="", x_dataset="", bound_x=bound, requests="",
+                              epoch_s="", stall="", classes_per_batch="",
+                              note=why or "installed, not wired into this benchmark yet"))
+        os.makedirs(out, exist_ok=True)
+        _write(table, out, dict(samples=samples, payload=payload, data=data, sidecars=sidecars, limit=limit,
+                                fraction=fraction, rate=rate, latency=latency, batch=batch, compute_s=compute_s,
+                                epochs=epochs), plot)
+        return table
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.3f}"
+    return str(v)
+
+
+def _write(table, out, info, plot) -> None:
+    with open(os.path.join(out, "remote.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w.writeheader()
+        for r in table:
+            w.writerow({k: r.get(k, "") for k in COLUMNS})
+    head = (f"Global order, {info['samples']} class-ordered samples ({info['data']:,} bytes of shards, "
+            f"{info['sidecars']:,} of sidecars), cache {info['fraction']:.0%} ({info['limit']:,} bytes), link "
+            f"{info['rate'] / 1e6:.0f} MB/s + {info['latency'] * 1e3:.0f} ms per request, batch {info['batch']}, "
+            f"{info['compute_s'] * 1e3:.0f} ms compute per batch; bytes and requests counted by the server.")
+    lines = [head, "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(_fmt(r.get(k, "")) for k in COLUMNS) + " |" for r in table]
+    with open(os.path.join(out, "remote.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    if plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        readers = [n for n in dict.fromkeys(r["reader"] for r in table) if any(
+            r["reader"] == n and r["epoch"] != "" for r in table)]
+        for k, name in enumerate(readers):
+            rs = [r for r in table if r["reader"] == name]
+            rs = [r for r in rs if r["x_dataset"] != ""]
+            ax.bar(np.arange(len(rs)) + k * 0.4, [r["x_dataset"] for r in rs], 0.4, label=name)
+        ax.axhline(1.1 * (1 - info["fraction"]), color="k", ls="--", lw=1, label="1.1 x (1 - f)")
+        ax.set_xlabel("epoch")
+        ax.set_ylabel("bytes fetched / dataset")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, "remote.png"), dpi=120)
+        plt.close(fig)
+
+
+def main(args: argparse.Namespace) -> int:
+    setup = SETUPS["quick" if args.quick else "full"]
+    if getattr(args, "setup", None):
+        try:
+            vals = [float(v) for v in args.setup.split(",")]
+        except ValueError:
+            vals = []
+        if len(vals) != 7 or min(vals) < 0:
+            print(f"bench remote: --setup {args.setup!r} must be seven numbers >= 0: samples, payload bytes, "
+                  "epochs, link bytes/s, latency s, batch, compute s per batch", file=sys.stderr)
+            return 2
+        setup = (int(vals[0]), int(vals[1]), int(vals[2]), vals[3], vals[4], int(vals[5]), vals[6])
+    if not 0 < args.cache_fraction <= 1:
+        print(f"bench remote: --cache-fraction {args.cache_fraction} must be in (0, 1]", file=sys.stderr)
+        return 2
+    run(setup, args.cache_fraction, args.out, plot=not args.no_plot)
+    return 0
