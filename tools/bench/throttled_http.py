@@ -17,7 +17,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from shardfeed.tools.http_range import resolve, start_range_reply
+from shardfeed.cache.range_server import resolve, start_range_reply
 
 _CHUNK = 64 << 10
 

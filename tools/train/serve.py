@@ -12,7 +12,7 @@ import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from shardfeed.tools.http_range import resolve, start_range_reply
+from shardfeed.cache.range_server import resolve, start_range_reply
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import urllib.request
 
-from shardfeed.tools.http_range import resolve
+from shardfeed.cache.range_server import resolve
 from shardfeed.tools.train.serve import serve
 
 
