@@ -351,8 +351,9 @@ def _scan_foreign(root: str, names: list[str], on_error: str = "raise") -> Datas
 
 def _scan_one(path: str, name: str):
     """(ShardInfo, SampleTable) of a foreign tar; any failure is a ShardError naming it."""
-    from shardfeed.formats.readers import hash_file, load_tar_stream
+    from shardfeed.formats.readers import hash_file
     from shardfeed.formats.sidecar import scan_tar
+    from shardfeed.formats.tar_stream import load_tar_stream
 
     try:
         fmt = format_of(name)
