@@ -18,14 +18,14 @@ into the same buffer layout (columns.py).
 Damaged samples are not returned as data: with ``skip=True`` they are left
 out of the batch and reported in ``RawBatch.errors`` (ReadError records);
 otherwise ShardError. This module is that skip-and-retry loop; the jitted
-loops are in kernels.py, the open shards in open_shards.py.
+loops are in kernels.py, the open shards in open_shards.py, the steady path
+(every shard open, nothing failing) in steady_read.py, RawBatch in raw_batch.py.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 import xxhash
@@ -33,10 +33,12 @@ import xxhash
 from shardfeed.formats.compiler.native import hash_fn, preadv_fn
 from shardfeed.formats.engine import columns
 from shardfeed.formats.engine.kernels import parse_ints, tar_sizes, warm
-from shardfeed.formats.engine.kernels_batch import DST_POS, KPOS, LOCAL, NROWS, OK, SHARD, SLOT, tar_layout
+from shardfeed.formats.engine.kernels_batch import NROWS, tar_layout
 from shardfeed.formats.engine.open_shards import MAX_OPEN_SHARDS, OpenShards, TarView
+from shardfeed.formats.engine.raw_batch import RawBatch, _new_buffer
 from shardfeed.formats.engine.read_modes import FAULT_AROUND, MAPPED_BUDGET_BYTES, READ_MODES, check_read_mode
 from shardfeed.formats.engine.split_gather import SplitGather
+from shardfeed.formats.engine.steady_read import SteadyRead
 from shardfeed.formats.errors import ReadError, ShardError
 
 __all__ = ["BatchReader", "FAULT_AROUND", "MAPPED_BUDGET_BYTES", "MAX_OPEN_SHARDS", "READ_MODES", "RawBatch",
@@ -46,53 +48,7 @@ _MAX_IOV = 512  # under IOV_MAX (1024 on Linux)
 _JUNK_BYTES = 64 << 10
 
 
-_ARANGE = np.arange(0, dtype=np.int64)
-
-
-def _new_buffer(n: int) -> np.ndarray:
-    return np.empty(n, np.uint8)
-
-
-def _arange(n: int) -> np.ndarray:
-    """0..n-1, from one cached array (the rows of a batch read in order)."""
-    global _ARANGE
-    if len(_ARANGE) < n:
-        _ARANGE = np.arange(max(n, 2 * len(_ARANGE)), dtype=np.int64)
-    return _ARANGE[:n]
-
-
-@dataclass
-class RawBatch:
-    """Undecoded samples of one batch, in the order asked for (minus skips).
-
-    ``fields[name]`` is ``("bytes", starts, sizes)`` into ``buf`` (size -1:
-    the sample lacks the field), ``("text", starts, sizes)`` for columnar
-    UTF-8 strings, or ``("array", values)`` for typed columnar values.
-    Keys are ``keys`` (a list), or for tar-only batches ``key_blob``: the
-    keys as UTF-8 joined by NUL (no key holds one), decoded on first use of
-    ``keys`` (a worker passes the blob on without ever building the list).
-    """
-
-    ids: np.ndarray
-    key_list: list | None
-    buf: np.ndarray
-    fields: dict
-    shards: np.ndarray  # shard of each sample, for error messages
-    errors: list[ReadError] = field(default_factory=list)  # samples and shards left out (skip mode)
-    bytes_read: int = 0
-    key_blob: bytes | None = None
-
-    @property
-    def keys(self) -> list:
-        if self.key_list is None:
-            self.key_list = self.key_blob.decode("utf-8").split("\0") if len(self.ids) else []
-        return self.key_list
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-
-class BatchReader:
+class BatchReader(SteadyRead):
     """Reads batches of global sample ids from a DatasetIndex.
 
     ``path_of`` maps a shard number to a local path (a cache may supply one)
@@ -213,76 +169,6 @@ class BatchReader:
             for s in held:
                 self.shards.unpin(s)
             self.shards.evict()  # only between reads: a read may need more than max_open shards at once
-
-    def _layout_scratch(self, n: int, nf: int):
-        """(work, present, uniq): tar_layout's scratch, reused by every read (reads are never concurrent)."""
-        if self._work.shape[1] < n + 1:
-            cap = max(n + 1, 2 * self._work.shape[1])
-            self._work = np.empty((NROWS, cap), np.int64)
-            self._uniq = np.empty(cap, np.int64)
-            self._rows = None
-        if len(self._present) < nf:
-            self._present = np.empty(max(nf, 2 * len(self._present)), np.uint8)
-        return self._work, self._present, self._uniq
-
-    def _work_rows(self, n: int) -> tuple:
-        """(slot, local, dst_pos, kpos) of a batch of n: views of the work array, kept while n repeats."""
-        rows = self._rows
-        if rows is None or rows[0] != n:
-            w = self._work
-            rows = self._rows = (n, w[SLOT, :n], w[LOCAL, :n], w[DST_POS, :n + 1], w[KPOS, :n + 1])
-        return rows[1:]
-
-    def _read_open(self, ids, alloc) -> RawBatch | None:
-        """The steady state: every shard of the batch is an open tar shard and
-        nothing fails; laid out by one jitted call (kernels_batch.tar_layout)
-        and gathered by another. None otherwise (an id out of range, a shard
-        to open, a columnar shard, any error: the general path then reads the
-        batch and raises or skips as it says). No pins: nothing can close a
-        file-backed shard during this read (no cache; eviction runs between
-        reads); a decompressed shard in memory is never read here, because
-        another reader's decompression may reclaim an unpinned one
-        (decompressed.py)."""
-        shards = self.shards
-        table = shards.table
-        n = len(ids)
-        nf = len(self.field_ids)
-        work, present, uniq = self._layout_scratch(n, nf)
-        fpos = np.empty((2, nf, n), np.int64)
-        status, m = tar_layout(self.index.offsets, shards.slot_of, table, ids, work, fpos, present, uniq)
-        if status != OK:
-            return None
-        uniq = uniq[:m].tolist()
-        if not self._io_fn:  # copied from mappings: a shard truncated since opened would be SIGBUS
-            views = shards.views
-            if any(views[s].short() for s in uniq):
-                return None
-        slot, local, dst_pos, kpos = self._work_rows(n)
-        total = int(dst_pos[n])
-        buf = alloc(total)
-        fstart, fsize = fpos[0], fpos[1]
-        kbuf = self._key_scratch(int(kpos[n]))
-        bad = np.zeros(n, np.bool_)
-        hfn = self._hash_fn if self.verify else 0
-        nbad, err, _ = self._tar_gather(table, slot, local, _arange(n), buf, dst_pos, fstart, fsize, kbuf, kpos, hfn, bad,
-                                  self._io_fn, self._iov, self._junk)
-        if err or nbad or (self.verify and not hfn):
-            return None
-        shards.use(uniq)
-        if not self._io_fn and self.read_mode == "pread":  # fallback copied from the mapping: bound its RSS
-            self._mapped += total + FAULT_AROUND * n
-        if self._mapped > self.mapped_budget:
-            self.release_pages()
-        names = self._field_names()
-        # the fields some sample has, in field id order (as _fields)
-        fields = {names[f]: ("bytes", fstart[f], fsize[f]) for f, has in enumerate(present[:nf].tolist()) if has}
-        return RawBatch(ids.copy(), None, buf[:total], fields, work[SHARD, :n].copy(), [], total,
-                        kbuf[:-1].tobytes())
-
-    def _key_scratch(self, n: int) -> np.ndarray:
-        if len(self._kbuf) < n:
-            self._kbuf = np.empty(max(n, 2 * len(self._kbuf)), np.uint8)
-        return self._kbuf[:n]
 
     def _field_names(self) -> list[str]:
         """Field id -> name; ids are dense and only grow: extended, never rebuilt."""

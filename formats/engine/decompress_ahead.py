@@ -84,7 +84,7 @@ class DecompressAhead:
     """See the module docstring."""
 
     def __init__(self, depth: int = DEPTH, load=None):
-        from shardfeed.formats.readers import load_tar_stream
+        from shardfeed.formats.tar_stream import load_tar_stream
 
         self.depth = max(1, int(depth))
         self._load = load or load_tar_stream

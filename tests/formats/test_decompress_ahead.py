@@ -142,7 +142,7 @@ def test_budget_holds_with_small_limit(datasets, monkeypatch):
 def test_one_decompression_per_shard_and_close(datasets):
     index = open_index(datasets["tar.zst"])
     calls = []
-    from shardfeed.formats.readers import load_tar_stream
+    from shardfeed.formats.tar_stream import load_tar_stream
 
     def load(path, fmt):
         calls.append(path)

@@ -242,11 +242,11 @@ def test_links_and_directories_are_not_samples(tmp_path):
 
 
 def test_oversized_decompression_is_refused(tmp_path, monkeypatch):
-    import shardfeed.formats.readers as readers
+    import shardfeed.formats.tar_stream as tar_stream
     tar = _foreign_tar(tmp_path / "f.tar", [("a.bin", b"\0" * (4 << 20))])
     path = str(tmp_path / "bomb.tar.gz")
     open(path, "wb").write(gzip.compress(open(tar, "rb").read()))
-    monkeypatch.setattr(readers, "MAX_DECOMPRESSED_BYTES", 1 << 20)
+    monkeypatch.setattr(tar_stream, "MAX_DECOMPRESSED_BYTES", 1 << 20)
     _raises(lambda: open_index(path), path, "SHARDFEED_MAX_DECOMPRESSED_BYTES")
 
 

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 import zstandard
 
-from shardfeed.formats import ShardError, ShardWriter, open_index, open_shard, readers
+from shardfeed.formats import ShardError, ShardWriter, open_index, open_shard, tar_stream
 from shardfeed.formats.engine import decompressed
 from shardfeed.formats.engine.batch import BatchReader
 from shardfeed.formats.sidecar import read_sidecar, table_digest
@@ -54,7 +54,7 @@ def test_forged_sidecar_whose_ranges_each_pass_but_sum_past_the_shard(make_datas
 
 
 def test_per_shard_decompression_default_fits_a_node():
-    assert readers.MAX_DECOMPRESSED_BYTES <= 1 << 30 or "SHARDFEED_MAX_DECOMPRESSED_BYTES" in os.environ
+    assert tar_stream.MAX_DECOMPRESSED_BYTES <= 1 << 30 or "SHARDFEED_MAX_DECOMPRESSED_BYTES" in os.environ
 
 
 def _zst_tars(tmp_path, n: int, payload: int) -> list[str]:

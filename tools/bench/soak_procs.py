@@ -15,6 +15,8 @@ import json
 import os
 import time
 
+WORLD = 2  # ranks of the soak's job
+DATA_FS_BYTES = 256 << 20  # the dataset's own tmpfs under --disk-faults (where it can be mounted)
 KEY_FMT = "g{gen:03d}-{i:07d}"
 
 
