@@ -314,6 +314,15 @@ class RangeFetcher:
 
 def _read_upto(src, n: int) -> bytes:
     """Up to ``n`` bytes from the start of ``src`` in one request (a sidecar's size is not in the index)."""
+    if hasattr(src, "get_small"):  # http(s): one bounded GET of the whole object when it is at most n bytes
+        from shardfeed.cache.http_source import HttpError
+
+        try:
+            return src.get_small(n)[1]
+        except HttpError as e:
+            if e.status != 413:
+                raise
+            return src.read_range(0, n)  # larger than guessed: the caller asks its size and reads it whole
     if hasattr(src, "fs"):
         return bytes(src.fs.cat_file(src.path, start=0, end=n))
     with open(src.path, "rb") as f:

@@ -168,23 +168,28 @@ class LoaderCache:
                 and all(rangeable(index, i) for i in range(len(index))))
 
     def _check_ranged_budget(self) -> None:
-        """CacheLimitError now if the readers' batches cannot hold their ranges at once."""
+        """CacheLimitError now if the node's readers cannot hold their batches' ranges at once
+        (every rank of the node counted, as in ``_check_budget``)."""
         epoch = self.feed.epoch
         per_step = self.shards_per_step(epoch)
         bs = self.feed.batch_size(epoch)
         limit = self.spec.limit_bytes
         t = self.ds.topology
-        readers = self.readers * (t.ranks_per_node or t.world_size)  # every rank of the node pins its own
-        needed = self.policy.working_set(self.ds.index, bs, per_step, readers) + self.max_shard
-        # the prefetch window's ranges live in the reserve too
+        ranks = t.ranks_per_node or t.world_size
+        readers = self.readers * ranks  # every rank of the node pins its own
+        plans = ranks * PLAN_ENTRY_BYTES * min(len(self.ds.index), LOOKAHEAD_SHARDS)
+        fixed = self.spec.open().budget.fixed_bytes(plans=False) + plans
+        whole = fixed + int(entry_bytes(self.ds.index).sum())  # all of it fits: nothing is evicted or waited for
+        needed = min(whole, fixed + self.policy.working_set(self.ds.index, bs, per_step, readers) + self.max_shard)
+        # the prefetch window's ranges live in the reserve too (working_set keeps the larger one free)
         self.policy.working_set(self.ds.index, bs * NEAR_STEPS, per_step * NEAR_STEPS, readers)
         if needed > limit:
-            raise CacheLimitError(self.spec.cache_dir, f"cache_limit_bytes={limit:,} is below the working set: "
-                                  f"{readers} reader(s) on the node x {bs} samples over {per_step} shard(s) per step, "
-                                  f"read as sample ranges (each at least a disk block) with their sidecars, plus "
-                                  f"one shard of {self.max_shard:,} bytes, need {needed:,} bytes; raise "
-                                  f"cache_limit_bytes to at least {needed:,}, use fewer workers or smaller batches",
-                                  needed)
+            raise CacheLimitError(self.spec.cache_dir, f"cache_limit_bytes={limit:,} is below the working set of "
+                                  f"this node: {ranks} rank(s) x {self.readers} reader(s), {bs} samples over "
+                                  f"{per_step} shard(s) per step each, read as sample ranges (each at least a disk "
+                                  f"block) with their sidecars, plus one shard of {self.max_shard:,} bytes being "
+                                  f"fetched and {fixed:,} bytes of index and plans; raise cache_limit_bytes to at "
+                                  f"least {needed:,}, use fewer workers or smaller batches", needed)
 
     def _plan_samples(self, pos: dict):
         """(upcoming shards, near samples by shard) for SamplePrefetcher."""

@@ -252,7 +252,7 @@ class ShardDataset(torch.utils.data.IterableDataset):
         return self.index.path(i)
 
     def maker(self, collate_fn: Callable | None = None, decode: bool | None = None,
-              readers: int = 1) -> BatchMaker | RegrowMaker:
+              readers: int = 1, ranges: bool = True) -> BatchMaker | RegrowMaker:
         """What reads this dataset's batches in one process; ``readers``: how many
         processes read at once (sizes what each keeps open in the cache)."""
         cached = None
@@ -262,7 +262,7 @@ class ShardDataset(torch.utils.data.IterableDataset):
 
             ranks = node_ranks(self.topology)  # every rank of the node shares the cache's budget
             # sample ranges for the global order only: the others read each shard's samples together
-            cached = RangedShards(self.index, self.cache, self.shard_url, ranges=self.order is Order.GLOBAL,
+            cached = RangedShards(self.index, self.cache, self.shard_url, ranges=ranges and self.order is Order.GLOBAL,
                                   readers=readers * ranks)
             readers *= ranks
         maker = BatchMaker(self.index, decode=self.decode if decode is None else decode, transform=self.transform,
@@ -285,7 +285,8 @@ class ShardDataset(torch.utils.data.IterableDataset):
 
             most = plain_read_shards(self.cache.limit_bytes, self.index, nw * node_ranks(self.topology),
                                      self.cache.cache_dir, self.cache.open().budget.fixed_bytes())
-        maker = self.maker(_as_samples, readers=nw)
+        # whole shards, in pieces sized to this reader's share: sample ranges need the Loader's plan and checks
+        maker = self.maker(_as_samples, readers=nw, ranges=False)
         try:
             for b in steps_of(wid, nw, 0, -(-plan.num_samples // _BLOCK)):
                 ids = plan.positions(b * _BLOCK, min(plan.num_samples, (b + 1) * _BLOCK))
