@@ -145,7 +145,13 @@ class Loader:
 
     def __len__(self) -> int:
         """Steps per epoch (the current epoch, from its start)."""
-        return self.feed.steps(self.epoch, history=())
+        return self.steps_in_epoch(self.epoch)
+
+    def steps_in_epoch(self, epoch: int) -> int:
+        """Steps of ``epoch`` from its start, without going there: a schedule's
+        stages may differ per epoch, so an LR schedule sums these. TypeError
+        for a followed stream (it has no length)."""
+        return self.feed.steps(epoch, history=())
 
     # -- iteration -------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:

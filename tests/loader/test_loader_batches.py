@@ -251,3 +251,17 @@ def test_an_unknown_read_mode_is_refused_by_the_dataset(make_dataset, bad):
     with pytest.raises(ValueError) as e:
         ShardDataset(root, read_mode=bad)
     assert repr(bad) in str(e.value) and "'pread', 'mmap'" in str(e.value)
+
+
+def test_steps_in_epoch_follows_the_schedule_without_moving_the_loader(make_dataset):
+    root = make_dataset(48, shard_samples=16)
+    schedule = BatchSchedule([Stage(8, epochs=1), Stage(16, epochs=1), Stage(6)])
+    with Loader(ShardDataset(root, shuffle="global", seed=1), schedule) as loader:
+        next(iter(loader))
+        state = loader.state_dict()
+        assert [loader.steps_in_epoch(e) for e in range(4)] == [6, 3, 8, 8]
+        assert loader.state_dict() == state  # asking moved nothing
+        assert len(loader) == 6 and len(list(loader)) == 5  # epoch 0 from its start; one step was taken
+        for e in range(1, 4):
+            loader.set_epoch(e)
+            assert len(loader) == loader.steps_in_epoch(e) == len(list(loader))

@@ -2,9 +2,9 @@
 
 The model is the reference trainer's (``tools/train/model.py``: SmallCNN and
 ``to_inputs``); the step is its loop's step without DDP (forward,
-cross-entropy, backward, SGD with momentum). ``tools/train/loop.py`` has no
-per-step function to call: its ``run_rank`` owns a shardfeed Loader, DDP and
-checkpoints, so the five lines of a step are repeated here. One process on
+cross-entropy, backward, SGD with momentum). ``tools/train/core.py`` has no
+per-step function to call: its ``train`` owns the epochs of a shardfeed
+Loader, DDP and checkpoints, so the five lines of a step are repeated here. One process on
 the CPU, one torch thread (the machine is shared: one thread keeps the
 compute time per step the same for every library), 0 loader workers unless
 asked, shuffle on, the 2 KiB benchmark data. Each sample's first
