@@ -54,15 +54,19 @@ class PlanPrefetcher:
             self._version += 1
             self._cv.notify_all()
 
+    def _moved_since(self, seen: int):
+        """Wait until the readers moved past version ``seen``: (version, position), or None once stopped."""
+        with self._cv:
+            while not self._stop.is_set() and self._version == seen:
+                self._cv.wait(0.5)
+            if self._stop.is_set():
+                return None
+            return self._version, self._pos
+
     def _run(self) -> None:
         seen = 0
-        while True:
-            with self._cv:
-                while not self._stop.is_set() and self._version == seen:
-                    self._cv.wait(0.5)
-                if self._stop.is_set():
-                    return
-                seen, pos = self._version, self._pos
+        while (moved := self._moved_since(seen)) is not None:
+            seen, pos = moved
             try:
                 upcoming = list(self.plan_fn(pos))
             except Exception:  # noqa: BLE001 - advice only: the readers still fetch what they need
@@ -135,13 +139,8 @@ class SamplePrefetcher(PlanPrefetcher):
         from shardfeed.cache.ranges import partial_key
 
         seen = 0
-        while True:
-            with self._cv:
-                while not self._stop.is_set() and self._version == seen:
-                    self._cv.wait(0.5)
-                if self._stop.is_set():
-                    return
-                seen, pos = self._version, self._pos
+        while (moved := self._moved_since(seen)) is not None:
+            seen, pos = moved
             try:
                 upcoming, near = self.plan_fn(pos)
             except Exception:  # noqa: BLE001 - advice only: the readers still fetch what they need
