@@ -36,8 +36,9 @@ def test_throughput_rows_include_the_no_copy_form_and_first_batch(tiny):
         assert r["status"] == "ok", r
         assert r["whole"] > 0 and r["steady"] > 0 and r["first_batch_s"] > 0
         assert r["steady"] >= r["whole"] * 0.5  # the whole pass includes start-up; both count the same samples
-        # the fresh-process pass holds interpreter start and imports on top of the whole pass
-        assert 0 < r["fresh"] < r["whole"] and r["fresh_s"] > report["harness_start_s"] > 0
+        # the fresh-process pass holds interpreter start and imports on top of the whole pass. Its time is
+        # not compared with the bare harness's start: two timings taken apart swap places under load
+        assert 0 < r["fresh"] < r["whole"] and r["fresh_s"] > 0 and report["harness_start_s"] > 0
         assert r["import_s"] >= 0
         # two interleaved passes, each a fresh process: the row holds their median (of two: the mean)
         assert len(r["passes"]) == 2 and all(p["whole"] > 0 for p in r["passes"])
