@@ -161,7 +161,7 @@ def test_the_field_limit_comes_from_the_environment(tmp_path):
 
 
 @pytest.mark.parametrize("payload, why", [
-    (gzip.compress(b"some text")[:-4], "truncated"),
+    (gzip.compress(b"some text", mtime=0)[:-4], "truncated"),
     (b"not gzip at all", "corrupt"),
 ])
 def test_a_damaged_gzip_field_raises_naming_the_sample(tmp_path, payload, why):
