@@ -7,6 +7,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.shardfeed-installed
 TORCH_SPEC ?= torch==2.13.0
+# pytest-xdist processes for make test: one per core, at most 4 (many tests start ranks and workers of
+# their own, each importing torch); a test module's tests (and its module-scoped fixtures) stay in one
+# process. TEST_WORKERS=0 runs the suite in this process.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$n)
 
 .PHONY: test demo bench clean venv
 
@@ -29,7 +33,7 @@ $(STAMP): pyproject.toml
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra -n $(TEST_WORKERS) --dist loadscope
 
 demo: $(STAMP)
 	$(VENV)/bin/shardfeed demo
