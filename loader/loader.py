@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 from shardfeed.formats.engine.split_gather import threads_allowed
+from shardfeed.formats.lazy import first_gc_paused
 from shardfeed.loader import state as _state
-from shardfeed.loader.audit import AuditRecorder
 from shardfeed.loader.batch_seeds import set_batch
 from shardfeed.loader.collate import check_bytes_as, materialize
 from shardfeed.loader.dataset import ShardDataset
@@ -121,7 +121,11 @@ class Loader:
         self._closed = False
         self._gen = 0  # iteration generation: an older iterator stops when a new one starts
         # audit=True records what this rank delivered, a bit per sample (audit.py)
-        self._audit = AuditRecorder(self.feed) if audit else None
+        self._audit = None
+        if audit:
+            from shardfeed.loader.audit import AuditRecorder
+
+            self._audit = AuditRecorder(self.feed)
 
     # -- epochs and stages ---------------------------------------------
     def stage(self, epoch: int | None = None) -> Stage:
@@ -182,6 +186,8 @@ class Loader:
                 source = autotune.probed_batches(self, feed)
             else:
                 source = self._local_batches(feed) if self.num_workers == 0 else self._worker_batches(feed)
+            if not self._stats.total.batches:  # the Loader's first batch: start-up (formats/lazy.py)
+                source = first_gc_paused(source)
             resumed = time.perf_counter()
             for item, cols, info in source:
                 t1 = time.perf_counter()
