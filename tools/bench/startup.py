@@ -8,7 +8,8 @@ torch program pays it), then timed from there, in wall and CPU seconds (``time.p
 ``from shardfeed.loader import Loader, ShardDataset``, the dataset and Loader (0 workers) and the
 first batch. Each also reports the next 20 batches' CPU time, and whether a full (generation 2)
 collection ran during start-up or during those 20 batches: start-up pauses the collector
-(formats/lazy.py), so a pass due to torch's objects shows there, not in the start-up figure.
+(formats/lazy.py), so a pass due to torch's objects shows there, not in the start-up figure. A run
+that imported numba (the compiled kernels did not serve: run ``shardfeed warm``) is counted.
 
 Figures are medians over the fresh processes, with the 1-minute load average before and after (a busy
 machine stretches wall time first).
@@ -43,7 +44,7 @@ t3, c3 = time.perf_counter(), time.process_time()
 loader.close()
 print(json.dumps({"import_s": t1 - t0, "import_cpu_s": c1 - c0, "first_s": t2 - t0, "first_cpu_s": c2 - c0,
                   "next20_cpu_s": c3 - c2, "full_gc_in_start": sum(t <= t2 for t in full),
-                  "full_gc_in_next20": sum(t2 < t <= t3 for t in full)}))
+                  "full_gc_in_next20": sum(t2 < t <= t3 for t in full), "numba": "numba" in sys.modules}))
 """
 ORDERS = ("global", "none")
 
@@ -81,7 +82,7 @@ def summary(runs: list[dict]) -> dict:
     row = {"runs": len(runs), "ok": len(ok)}
     for k in ("import_s", "import_cpu_s", "first_s", "first_cpu_s", "next20_cpu_s"):
         row[k] = statistics.median(r[k] for r in ok) if ok else None
-    for k in ("full_gc_in_start", "full_gc_in_next20"):
+    for k in ("full_gc_in_start", "full_gc_in_next20", "numba"):
         row[k] = sum(r[k] for r in ok)
     return row
 
@@ -103,14 +104,14 @@ def main(args: argparse.Namespace) -> int:
     lines = [f"`shardfeed bench startup`: {args.samples:,} x {args.size:,} B local tar, batch {args.batch_size}, "
              f"0 workers, median of {args.repeat} fresh processes after `import torch` ({report['machine']})", "",
              "| shuffle | import ms (CPU) | first batch ms, import included (CPU) | next 20 batches CPU ms "
-             "| full GC passes: start-up / next 20 |", "|---|--:|--:|--:|--:|"]
+             "| full GC passes: start-up / next 20 | runs with numba |", "|---|--:|--:|--:|--:|--:|"]
     for o, r in rows.items():
         if not r["ok"]:
-            lines.append(f"| {o} | failed: {runs[o][0]['status']} | | | |")
+            lines.append(f"| {o} | failed: {runs[o][0]['status']} | | | | |")
             continue
         lines.append(f"| {o} | {r['import_s'] * 1e3:.0f} ({r['import_cpu_s'] * 1e3:.0f}) | {r['first_s'] * 1e3:.0f} "
                      f"({r['first_cpu_s'] * 1e3:.0f}) | {r['next20_cpu_s'] * 1e3:.0f} | {r['full_gc_in_start']} / "
-                     f"{r['full_gc_in_next20']} |")
+                     f"{r['full_gc_in_next20']} | {r['numba']} |")
     text = "\n".join(lines)
     print(text)
     os.makedirs(out, exist_ok=True)
