@@ -91,12 +91,11 @@ def choose_prefetch(makes: list[float], step_s: float, workers: int) -> tuple[in
                               f"a deeper queue would only hold memory ({seen})")
     need = 1 + math.ceil(slowest / turn)
     n = min(max(need, MIN_PREFETCH), MAX_PREFETCH)
-    ready = f"{need - 1} batch{'es' if need > 2 else ''} ready per worker"
-    verb = "rides out" if need == 2 else "ride out"
-    ride = (verb if n == need else f"would ride out (limited by MAX_PREFETCH={MAX_PREFETCH})" if n < need
-            else f"ride out (at least MIN_PREFETCH={MIN_PREFETCH})")
-    return n, (f"{n}: the workers keep up; {ready} {ride} the slowest batch ({slowest / turn:.1f} of a worker's "
-               f"{turn * 1e3:.2f} ms turn) ({seen})")
+    ready = f"{need - 1} batch{'es' if need > 2 else ''} ready per worker {'rides' if need == 2 else 'ride'} out"
+    limit = ("" if n == need else f", limited by MAX_PREFETCH={MAX_PREFETCH}" if n < need
+             else f", at least MIN_PREFETCH={MIN_PREFETCH}")
+    return n, (f"{n}: the workers keep up; {ready} the slowest batch ({slowest / turn:.1f} of a worker's "
+               f"{turn * 1e3:.2f} ms turn){limit} ({seen})")
 
 
 def free_cores() -> tuple[int, float, float]:

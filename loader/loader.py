@@ -177,7 +177,9 @@ class Loader:
                 source = autotune.probed_batches(self, feed)
             else:
                 source = self._local_batches(feed) if self.num_workers == 0 else self._worker_batches(feed)
-            if not self._stats.total.batches:  # the Loader's first batch: start-up (formats/lazy.py)
+            # the first batch made here (start-up, formats/lazy.py); not one waited for from workers or a
+            # remote fetch, where this process allocates little and the wait may be long
+            if not self._stats.total.batches and self.num_workers == 0 and self._cache is None:
                 source = first_gc_paused(source)
             resumed = time.perf_counter()
             for item, cols, info in source:

