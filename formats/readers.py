@@ -323,7 +323,7 @@ def shard_keys(index, i: int, path: str | None = None) -> list[str]:
                                    "(or rewrite the dataset with `shardfeed convert`)") from None
     if len(keys) != info.samples:
         raise ShardError(path, f"shard holds {len(keys)} keys but the index says {info.samples} samples")
-    return keys
+    return list(keys)
 
 
 def _columnar_keys(path: str, fmt: str) -> list[str]:

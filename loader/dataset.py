@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch.utils.data
@@ -23,17 +23,20 @@ from shardfeed.formats.commit_log import open_stream_index
 from shardfeed.formats.engine.batch import check_read_mode
 from shardfeed.formats.errors import ReadError
 from shardfeed.formats.index import INDEX_NAME, LOG_DIR, DatasetIndex
+from shardfeed.formats.lazy import gc_paused
 from shardfeed.loader import state as _state
 from shardfeed.loader import topology as _topology
 from shardfeed.loader.batcher import BatchMaker
 from shardfeed.loader.errors import ErrorPolicy
 from shardfeed.loader.feeds.epoch import EpochFeed
-from shardfeed.loader.feeds.follow import FollowFeed
 from shardfeed.loader.feeds.stream_log import IDLE_TIMEOUT_S, POLL_S, RegrowMaker, stream_index
 from shardfeed.loader.schedule import BatchSchedule
 from shardfeed.shuffling import Order
 from shardfeed.shuffling.spec import Job, PlanSpec
 from shardfeed.shuffling.workers import steps_of
+
+if TYPE_CHECKING:  # a followed stream's feed, imported when one is followed (not on a plain read)
+    from shardfeed.loader.feeds.follow import FollowFeed
 
 _BLOCK = 64  # positions per block when a torch DataLoader's workers split a plan
 
@@ -100,6 +103,7 @@ class ShardDataset(torch.utils.data.IterableDataset):
     and ``ds[i]``/``ds.get(key)`` on a URL.
     """
 
+    @gc_paused()
     def __init__(self, source, shuffle="global", seed: int = 0, cache_dir=None, cache_limit_bytes=None,
                  decode: bool = True, transform: Callable | None = None, rank: int | None = None,
                  world_size: int | None = None, drop_last: bool = False, follow: bool = False,
@@ -205,6 +209,8 @@ class ShardDataset(torch.utils.data.IterableDataset):
         epochs of a fixed dataset, or the stream of a followed one."""
         t = self.topology
         if self.follow:
+            from shardfeed.loader.feeds.follow import FollowFeed
+
             return FollowFeed(self.index.root, schedule, t.rank, t.world_size, seed=self.seed,
                               shuffle=self.order is not Order.NONE, drop_last=self.drop_last,
                               ranks_per_node=t.ranks_per_node, fingerprint=self.fingerprint(),

@@ -27,8 +27,9 @@ from typing import Any
 import torch
 
 from shardfeed.formats.engine.split_gather import threads_allowed
+from shardfeed.formats.lazy import first_gc_paused
+from shardfeed.loader import autotune
 from shardfeed.loader import state as _state
-from shardfeed.loader.audit import AuditRecorder
 from shardfeed.loader.batch_seeds import set_batch
 from shardfeed.loader.collate import check_bytes_as, materialize
 from shardfeed.loader.dataset import ShardDataset
@@ -51,7 +52,9 @@ class Loader:
     consumer's step and the free cores (autotune.py; ``stats()["autotune"]``
     says what and why; the batches are the same whatever is chosen). prefetch:
     batches each worker may have ready ahead of the consumer (so up to
-    ``prefetch * num_workers`` are in flight). collate_fn: ``list of sample
+    ``prefetch * num_workers`` are in flight), or ``"auto"``: chosen from the
+    same probe, deep enough to ride out the slowest probed batch where the
+    workers keep up (``stats()["autotune"]["prefetch"]``). collate_fn: ``list of sample
     dicts -> batch`` (default: numbers and same-shaped arrays stacked into
     tensors, bytes and str as lists). pin_memory: pin tensors (only where an
     accelerator exists; otherwise a warning and no pinning, as in torch).
@@ -67,23 +70,15 @@ class Loader:
     one to keep it (views.py).
     """
 
-    def __init__(self, dataset: ShardDataset, batch_size, num_workers: int = 0, prefetch: int = 2,
+    def __init__(self, dataset: ShardDataset, batch_size, num_workers: int | str = 0, prefetch: int | str = 2,
                  collate_fn: Callable | None = None, pin_memory: bool = False, multiprocessing_context=None,
                  audit: bool = False, bytes_as: str = "bytes"):
         # a Mixture exists only once its module is imported: a plain read never imports mixture.py
         mixture = sys.modules.get("shardfeed.loader.mixture")
         if not isinstance(dataset, (ShardDataset, mixture.Mixture) if mixture else ShardDataset):
             raise TypeError(f"dataset must be a shardfeed.loader.ShardDataset or Mixture, got {type(dataset).__name__}")
-        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
-            raise ValueError(f"prefetch={prefetch!r} must be an int >= 1")
         # "auto": chosen from a probe of the first batches and the free cores (autotune.py)
-        self._auto = None
-        if num_workers == "auto":
-            self._auto = {"requested": "auto", "chosen": None, "reason": "not chosen yet: the first iteration "
-                          "probes the first batches"}
-            num_workers = 0
-        elif isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
-            raise ValueError(f"num_workers={num_workers!r} must be an int >= 0 or \"auto\"")
+        self._auto, num_workers, prefetch = autotune.requested(num_workers, prefetch)
         if collate_fn is not None and not callable(collate_fn):
             raise TypeError(f"collate_fn must be callable, got {collate_fn!r}")
         self.dataset = dataset
@@ -114,14 +109,16 @@ class Loader:
             from shardfeed.loader.caching import LoaderCache
 
             if self._auto is not None:  # the cache's budget is checked for its readers before any batch
-                from shardfeed.loader import autotune
-
                 autotune.from_cores(self)
             self._cache = LoaderCache(dataset, self.schedule, self.num_workers)
         self._closed = False
         self._gen = 0  # iteration generation: an older iterator stops when a new one starts
         # audit=True records what this rank delivered, a bit per sample (audit.py)
-        self._audit = AuditRecorder(self.feed) if audit else None
+        self._audit = None
+        if audit:
+            from shardfeed.loader.audit import AuditRecorder
+
+            self._audit = AuditRecorder(self.feed)
 
     # -- epochs and stages ---------------------------------------------
     def stage(self, epoch: int | None = None) -> Stage:
@@ -176,12 +173,14 @@ class Loader:
         st.start_epoch(self.epoch, fresh=self._pos["step"] == 0)
         st.started = time.perf_counter()
         try:
-            if self._auto is not None and self._auto["chosen"] is None:
-                from shardfeed.loader import autotune
-
+            if autotune.pending(self._auto):
                 source = autotune.probed_batches(self, feed)
             else:
                 source = self._local_batches(feed) if self.num_workers == 0 else self._worker_batches(feed)
+            # the first batch made here (start-up, formats/lazy.py); not one waited for from workers or a
+            # remote fetch, where this process allocates little and the wait may be long
+            if not self._stats.total.batches and self.num_workers == 0 and self._cache is None:
+                source = first_gc_paused(source)
             resumed = time.perf_counter()
             for item, cols, info in source:
                 t1 = time.perf_counter()
@@ -319,8 +318,8 @@ class Loader:
         over workers), transfer_s, bytes_read, errors_skipped. Prints as two
         readable lines."""
         snap = self._stats.snapshot()
-        if self._auto is not None:  # num_workers="auto": what was chosen and why
-            snap["autotune"] = dict(self._auto)
+        if self._auto is not None:  # num_workers or prefetch "auto": what was chosen and why
+            snap["autotune"] = {k: dict(v) if isinstance(v, dict) else v for k, v in self._auto.items()}
         return snap
 
     def close(self) -> None:

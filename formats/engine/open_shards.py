@@ -55,6 +55,7 @@ from shardfeed.formats.engine.kernels import (
 )
 from shardfeed.formats.errors import ShardError
 from shardfeed.formats.readers import TarShardReader, open_shard
+from shardfeed.formats.sidecar import KeyList
 
 MAX_OPEN_SHARDS = 256  # default max_open: shards kept open between reads
 INITIAL_SLOTS = 8  # rows of the slot table at first; it doubles when full
@@ -75,13 +76,17 @@ class TarView:
         self.fid = np.ascontiguousarray(field_map[t.member_field]) if len(t.offset) else np.zeros(0, np.int64)
         self.keys = t.keys
         # keys as one UTF-8 blob + offsets: the gather copies them next to the
-        # payloads and the batch's keys come back with one decode and split
-        enc = [k.encode("utf-8") for k in t.keys]
-        if any(b"\0" in k for k in enc):
+        # payloads and the batch's keys come back with one decode and split.
+        # A sidecar's keys come as that blob already (no per-sample str at open)
+        if isinstance(t.keys, KeyList):
+            self.key_data, self.key_off = t.keys.data, t.keys.offsets
+        else:
+            enc = [k.encode("utf-8") for k in t.keys]
+            self.key_data = np.frombuffer(b"".join(enc), np.uint8) if enc else np.zeros(0, np.uint8)
+            self.key_off = np.zeros(len(enc) + 1, np.int64)
+            np.cumsum([len(k) for k in enc], out=self.key_off[1:])
+        if self.key_data.size and not self.key_data.all():
             raise ShardError(self.path, "a sample key contains a NUL byte (impossible in a tar name: corrupt sidecar)")
-        self.key_data = np.frombuffer(b"".join(enc), np.uint8) if enc else np.zeros(0, np.uint8)
-        self.key_off = np.zeros(len(enc) + 1, np.int64)
-        np.cumsum([len(k) for k in enc], out=self.key_off[1:])
         self.checksum = np.ascontiguousarray(t.checksum, np.uint64)
         self.slot = -1
         # a mapped shard is read with preadv through its own descriptor: the

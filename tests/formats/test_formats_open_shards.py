@@ -14,6 +14,7 @@ from shardfeed.formats import ShardError, ShardWriter, open_index
 from shardfeed.formats.engine.batch import BatchReader
 from shardfeed.formats.engine.open_shards import INITIAL_SLOTS, OpenShards
 from shardfeed.formats.errors import ReadError
+from shardfeed.formats.sidecar import SIDECAR_SUFFIX, KeyList, read_sidecar, write_sidecar
 from shardfeed.loader.errors import ErrorPolicy
 
 
@@ -141,3 +142,32 @@ def test_skipped_samples_come_back_as_read_error_records(make_dataset, caplog):
     with caplog.at_level(logging.WARNING, logger="shardfeed.loader"):
         assert ErrorPolicy("skip").report([e, ReadError(path, "again", 2)]) == 7
     assert sum(path in m for m in caplog.messages) == 1  # logged once per shard
+
+
+@pytest.mark.parametrize("read_mode", ["pread", "mmap"])
+def test_a_shard_opened_from_its_sidecar_makes_no_per_sample_key_strings(make_dataset, read_mode):
+    """The keys go to the gather as the sidecar's UTF-8 blob: opening shards for a batch builds no str per
+    sample (16 shards of 4,096 made 65,536 of them at a fresh process's first batch)."""
+    root = make_dataset(40, shard_samples=10)
+    r = BatchReader(open_index(root), read_mode=read_mode)
+    ids = np.array([37, 2, 15, 22, 9])
+    assert r.read(ids).keys == [f"{i:08d}" for i in ids]
+    views = list(r.shards.views.values())
+    assert len(views) == 4 and all(isinstance(v.keys, KeyList) and v.keys._list is None for v in views)
+    assert list(r.shards.views[3].keys) == [f"{i:08d}" for i in range(30, 40)]  # made when asked for
+    r.close()
+
+
+def test_a_sidecar_key_holding_a_nul_is_refused_at_open(make_dataset):
+    root = make_dataset(10, shard_samples=10)
+    index = open_index(root)
+    path = index.path(0)
+    table, meta = read_sidecar(path + SIDECAR_SUFFIX, path)
+    keys = list(table.keys)
+    keys[3] = "000\x0003"  # a forged sidecar: its digest is recomputed, so only the key check can see it
+    table.keys = keys
+    write_sidecar(path + SIDECAR_SUFFIX, table, meta["shard_bytes"], meta["shard_hash"])
+    r = BatchReader(index)
+    with pytest.raises(ShardError, match="NUL byte"):
+        r.read([0])
+    r.close()

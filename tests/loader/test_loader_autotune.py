@@ -4,6 +4,7 @@ probe, mid-epoch). The decision rule itself is checked on given measurements."""
 
 from __future__ import annotations
 
+import functools
 import time
 
 import numpy as np
@@ -104,3 +105,71 @@ def test_num_workers_must_be_an_int_or_auto(root):
         with pytest.raises(ValueError, match="num_workers=.* must be an int >= 0 or \"auto\""):
             Loader(ds, batch_size=8, num_workers=bad)
     assert np.isscalar(Loader(ds, batch_size=8, num_workers="auto").num_workers)
+
+
+def _bursty(slow_s, cls_range, sample):  # one batch (or all) made slowly: the producer the depth has to ride out
+    if sample["cls"] in cls_range:
+        time.sleep(slow_s)
+    return sample
+
+
+def _auto_depth(root, transform, step_s, workers=1, prefetch="auto"):
+    """(batches, stats) of a pass over ``root`` in stored order, the consumer taking ``step_s`` a batch
+    during the probe (all that the choice sees) and nothing after, to keep the test short."""
+    ds = ShardDataset(root, shuffle="none", transform=transform)
+    with Loader(ds, batch_size=16, num_workers=workers, prefetch=prefetch) as loader:
+        out = []
+        for b in loader:
+            out.append((list(b["__key__"]), b["cls"].tolist()))
+            if len(out) <= autotune.PREFETCH_PROBE:
+                time.sleep(step_s)
+        return out, loader.stats(), loader.prefetch
+
+
+def test_auto_prefetch_deepens_for_a_fast_consumer_of_a_bursty_producer_and_delivers_the_same(root):
+    # margins for a busy machine: a step of 20 ms stays under 80 ms, a 240 ms burst under 1 s
+    burst = functools.partial(_bursty, 0.015, range(32, 48))  # batch 2 (a measured probe batch): ~240 ms
+    ref, _, _ = _auto_depth(root, burst, 0.0, prefetch=2)
+    fast, stats, deep = _auto_depth(root, burst, 0.02)  # a step of 20 ms: the burst spans many of them
+    slow, slow_stats, shallow = _auto_depth(root, burst, 1.0)  # a step of 1 s hides the burst
+    assert fast == ref and slow == ref  # the depth changes when batches are ready, never which
+    a = stats["autotune"]
+    assert "requested" not in a and a["prefetch"]["requested"] == "auto" and a["prefetch"]["chosen"] == deep
+    assert deep >= 4 and "out the slowest batch" in a["prefetch"]["reason"], a
+    assert shallow == autotune.MIN_PREFETCH, slow_stats["autotune"]
+    assert "ms to make a batch" in slow_stats["autotune"]["prefetch"]["reason"]
+    assert stats["batches"] == len(ref) == 30
+
+
+def test_auto_prefetch_stays_shallow_when_the_workers_cannot_keep_up(root):
+    slow_all = functools.partial(_bursty, 0.002, range(480))  # every batch ~32 ms, wanted every 5 ms
+    got, stats, depth = _auto_depth(root, slow_all, 0.005)
+    assert depth == autotune.MIN_PREFETCH and "cannot keep up" in stats["autotune"]["prefetch"]["reason"]
+    assert [k for keys, _ in got for k in keys] == [f"{i:05d}" for i in range(480)]
+
+
+def test_auto_prefetch_with_auto_workers_reports_both(root, monkeypatch):
+    monkeypatch.setattr(autotune, "free_cores", lambda: (2, 9.0, 0.0))  # no core free: 0 workers
+    got, stats, depth = _auto_depth(root, _slow, 0.005, workers="auto")
+    a = stats["autotune"]
+    assert a["chosen"] == 0 and "no core free" in a["reason"]
+    assert depth == autotune.MIN_PREFETCH and a["prefetch"]["reason"].startswith("2: 0 workers")
+    assert len(got) == 30
+
+
+def test_the_prefetch_rule_covers_the_slowest_batch_where_the_workers_keep_up():
+    assert autotune.choose_prefetch([0.005] * 3, 0.01, 0)[0] == autotune.MIN_PREFETCH  # nothing made ahead
+    assert autotune.choose_prefetch([0.005] * 3, 0.01, 2)[0] == 2  # steady and quick: 1 ready is enough
+    n, why = autotune.choose_prefetch([0.005, 0.005, 0.1], 0.01, 2)  # a 100 ms batch, a worker's turn 20 ms
+    assert n == 6 and "5.0 of a worker's 20.00 ms turn" in why
+    assert autotune.choose_prefetch([0.005, 0.005, 10.0], 0.01, 2)[0] == autotune.MAX_PREFETCH
+    n, why = autotune.choose_prefetch([0.03, 0.03, 0.5], 0.01, 2)  # 30 ms a batch, one wanted every 20 ms
+    assert n == autotune.MIN_PREFETCH and "cannot keep up" in why
+
+
+def test_prefetch_must_be_a_positive_int_or_auto(root):
+    ds = ShardDataset(root)
+    for bad in ("deep", 0, 1.5, True):
+        with pytest.raises(ValueError, match="prefetch=.* must be an int >= 1 or \"auto\""):
+            Loader(ds, batch_size=8, prefetch=bad)
+    assert Loader(ds, batch_size=8, num_workers=2, prefetch="auto").stats()["autotune"]["prefetch"]["chosen"] is None

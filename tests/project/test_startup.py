@@ -94,3 +94,43 @@ def _accepts(name):
         return True
     except ShardError:
         return False
+
+
+START_UP_GC = """
+import gc, json, sys
+import torch
+{disable}
+full, seen = [], []
+gc.callbacks.append(lambda phase, info: full.append(1) if phase == "start" and info["generation"] == 2 else None)
+
+def churn(sample):  # a first batch that allocates as much as torch's next full pass is away (and more)
+    seen.append(gc.isenabled())
+    [[i] for i in range(20000)]
+    return sample
+
+from shardfeed.loader import Loader, ShardDataset
+loader = Loader(ShardDataset({root!r}, shuffle="global", transform=churn), 8)
+it = iter(loader)
+next(it)
+start_up = len(full)
+for _ in it:
+    pass
+print(json.dumps({{"full_in_start_up": start_up, "enabled": gc.isenabled(), "seen": seen}}))
+"""
+
+
+@pytest.mark.parametrize("disabled", [False, True])
+def test_start_up_runs_no_full_collection_and_leaves_the_collector_as_it_was(tmp_path, disabled):
+    """Import, dataset and first batch run with the collector paused (formats/lazy.py): torch's due full
+    pass stays out of them, and the collector comes back as the program had it."""
+    root = str(tmp_path / "ds")
+    with ShardWriter(root, format="tar", max_shard_samples=10) as w:
+        for i in range(24):
+            w.write(labelled_sample(i))
+    code = START_UP_GC.format(root=root, disable="gc.disable()" if disabled else "")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.splitlines()[-1])
+    assert got["full_in_start_up"] == 0
+    assert got["enabled"] is not disabled
+    assert got["seen"] == [False] * 8 + [not disabled] * 16  # paused for the first batch only

@@ -13,6 +13,7 @@
     shardfeed bench mix       mixing overhead and audit memory (bench_mix)
     shardfeed bench stream    publish-to-delivery latency, ingest + follow throughput (bench_stream)
     shardfeed bench compare   beside the peers: whole pass, steady, first batch (bench_compare)
+    shardfeed bench startup   a fresh process's first batch, import included, wall and CPU (bench_startup)
     shardfeed bench soak      streaming ingest + follow on 2 ranks under scheduled faults (bench_soak)
     shardfeed bench all       each of the above in turn, except the long soak
 
@@ -48,6 +49,8 @@ BENCHES = {
     "convert": ("shardfeed.tools.bench.convert", "conversion throughput, write-shuffle memory and quality"),
     "stream": ("shardfeed.tools.bench.stream", "streaming: publish-to-delivery latency, ingest + follow throughput"),
     "compare": ("shardfeed.tools.bench.compare", "shardfeed beside its peers: whole pass, steady rate, first batch"),
+    "startup": ("shardfeed.tools.bench.startup",
+                "a fresh process's import and first batch (local tar, 0 workers), wall and CPU, median of fresh runs"),
     "soak": ("shardfeed.tools.bench.soak", "streaming ingest + follow on 2 ranks with faults injected, then an audit"),
 }
 # runs of half an hour by design: `bench all` leaves them out (run them by name)

@@ -1,0 +1,122 @@
+"""`shardfeed bench startup`: what a fresh process pays for its first batch, ``import torch`` aside.
+
+    shardfeed bench startup [--samples 65536] [--size 2048] [--batch-size 256] [--repeat 5] [--out DIR]
+
+Writes a local tar dataset (``--samples`` of ``--size`` bytes, 4,096 a shard), then for each order
+(``global``, ``none``) starts ``--repeat`` fresh interpreters, each: ``import torch`` (not timed: every
+torch program pays it), then timed from there, in wall and CPU seconds (``time.process_time``):
+``from shardfeed.loader import Loader, ShardDataset``, the dataset and Loader (0 workers) and the
+first batch. Each also reports the next 20 batches' CPU time, and whether a full (generation 2)
+collection ran during start-up or during those 20 batches: start-up pauses the collector
+(formats/lazy.py), so a pass due to torch's objects shows there, not in the start-up figure. A run
+that imported numba (the compiled kernels did not serve: run ``shardfeed warm``) is counted.
+
+Figures are medians over the fresh processes, with the 1-minute load average before and after (a busy
+machine stretches wall time first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+CHILD = """
+import gc, json, sys, time
+import torch
+full = []
+gc.callbacks.append(lambda phase, info: full.append(time.perf_counter()) if phase == "start"
+                    and info["generation"] == 2 else None)
+t0, c0 = time.perf_counter(), time.process_time()
+from shardfeed.loader import Loader, ShardDataset
+t1, c1 = time.perf_counter(), time.process_time()
+loader = Loader(ShardDataset(sys.argv[1], shuffle=sys.argv[2]), int(sys.argv[3]))
+it = iter(loader)
+batch = next(it)
+t2, c2 = time.perf_counter(), time.process_time()
+assert len(batch["__key__"]) == int(sys.argv[3])
+for _ in range(20):
+    next(it)
+t3, c3 = time.perf_counter(), time.process_time()
+loader.close()
+print(json.dumps({"import_s": t1 - t0, "import_cpu_s": c1 - c0, "first_s": t2 - t0, "first_cpu_s": c2 - c0,
+                  "next20_cpu_s": c3 - c2, "full_gc_in_start": sum(t <= t2 for t in full),
+                  "full_gc_in_next20": sum(t2 < t <= t3 for t in full), "numba": "numba" in sys.modules}))
+"""
+ORDERS = ("global", "none")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = __doc__.strip().split("\n\n")[0]
+    parser.add_argument("--samples", type=int, default=1 << 16, help="samples in the dataset (default: %(default)s)")
+    parser.add_argument("--size", type=int, default=2048, help="payload bytes a sample (default: %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--repeat", type=int, default=5, help="fresh processes per order (default: %(default)s)")
+    parser.add_argument("--out", default="bench-results", help="folder for the results (default: %(default)s)")
+
+
+def write_dataset(folder: str, samples: int, size: int) -> str:
+    """The dataset (written once per size and count; an existing index is reused)."""
+    from shardfeed.formats import ShardWriter
+
+    if not os.path.exists(os.path.join(folder, "index.arrow")):
+        with ShardWriter(folder, format="tar", max_shard_samples=4096) as w:
+            for i in range(samples):
+                w.write({"__key__": f"{i:08d}", "bin": bytes([i % 251]) * size, "cls": i % 1000})
+    return folder
+
+
+def fresh(folder: str, order: str, batch_size: int) -> dict:
+    done = subprocess.run([sys.executable, "-c", CHILD, folder, order, str(batch_size)], capture_output=True,
+                          text=True, timeout=300)
+    if done.returncode:
+        return {"status": f"error: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}"}
+    return {"status": "ok", **json.loads(done.stdout.strip().splitlines()[-1])}
+
+
+def summary(runs: list[dict]) -> dict:
+    ok = [r for r in runs if r["status"] == "ok"]
+    row = {"runs": len(runs), "ok": len(ok)}
+    for k in ("import_s", "import_cpu_s", "first_s", "first_cpu_s", "next20_cpu_s"):
+        row[k] = statistics.median(r[k] for r in ok) if ok else None
+    for k in ("full_gc_in_start", "full_gc_in_next20", "numba"):
+        row[k] = sum(r[k] for r in ok)
+    return row
+
+
+def main(args: argparse.Namespace) -> int:
+    out = os.path.abspath(args.out)
+    folder = write_dataset(os.path.join(out, "data", f"startup-tar-{args.size}B-{args.samples}"), args.samples,
+                           args.size)
+    load_before = os.getloadavg()[0]
+    runs = {o: [] for o in ORDERS}
+    for _ in range(args.repeat):
+        for o in ORDERS:  # alternating, so a load spike falls on both
+            runs[o].append(fresh(folder, o, args.batch_size))
+    load_after = os.getloadavg()[0]
+    rows = {o: summary(rs) for o, rs in runs.items()}
+    report = {"samples": args.samples, "size": args.size, "batch_size": args.batch_size, "repeat": args.repeat,
+              "machine": f"{os.cpu_count()} cores, 1-min load {load_before:.1f} before, {load_after:.1f} after",
+              "rows": rows, "runs": runs}
+    lines = [f"`shardfeed bench startup`: {args.samples:,} x {args.size:,} B local tar, batch {args.batch_size}, "
+             f"0 workers, median of {args.repeat} fresh processes after `import torch` ({report['machine']})", "",
+             "| shuffle | import ms (CPU) | first batch ms, import included (CPU) | next 20 batches CPU ms "
+             "| full GC passes: start-up / next 20 | runs with numba |", "|---|--:|--:|--:|--:|--:|"]
+    for o, r in rows.items():
+        if not r["ok"]:
+            lines.append(f"| {o} | failed: {runs[o][0]['status']} | | | | |")
+            continue
+        lines.append(f"| {o} | {r['import_s'] * 1e3:.0f} ({r['import_cpu_s'] * 1e3:.0f}) | {r['first_s'] * 1e3:.0f} "
+                     f"({r['first_cpu_s'] * 1e3:.0f}) | {r['next20_cpu_s'] * 1e3:.0f} | {r['full_gc_in_start']} / "
+                     f"{r['full_gc_in_next20']} | {r['numba']} |")
+    text = "\n".join(lines)
+    print(text)
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "bench_startup.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    with open(os.path.join(out, "bench_startup.md"), "w") as f:
+        f.write(text + "\n")
+    return 0 if all(r["ok"] == r["runs"] for r in rows.values()) else 1
