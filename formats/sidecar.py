@@ -19,6 +19,7 @@ import xxhash
 
 from shardfeed.formats.errors import ShardError
 from shardfeed.formats.files import check_regular
+from shardfeed.formats.key_blob import Keys
 from shardfeed.formats.tar import list_members, split_name
 
 SIDECAR_SUFFIX = ".idx"
@@ -145,7 +146,7 @@ class SampleTable:
     of the (decompressed) tar stream.
     """
 
-    keys: list[str]
+    keys: list[str] | Keys  # a Keys (one blob, decoded on demand) when read from a sidecar
     member_start: np.ndarray  # int64, len = samples + 1
     offset: np.ndarray  # int64, len = members
     size: np.ndarray  # int64
@@ -245,7 +246,7 @@ def write_sidecar(path: str, table: SampleTable, shard_bytes: int, shard_hash: s
     offsets = pa.array(ms.astype(np.int32) if ms[-1] < 2**31 else ms, )
     list_type = pa.ListArray if offsets.type == pa.int32() else pa.LargeListArray
     tbl = pa.table({
-        "key": pa.array(table.keys, pa.string()),
+        "key": pa.array(table.keys.tolist() if isinstance(table.keys, Keys) else table.keys, pa.string()),
         "checksum": pa.array(table.checksum, pa.uint64()),
         "offset": list_type.from_arrays(offsets, pa.array(table.offset, pa.int64())),
         "size": list_type.from_arrays(offsets, pa.array(table.size, pa.int64())),
@@ -335,7 +336,7 @@ def read_sidecar(path: str, shard: str) -> tuple[SampleTable, dict]:
         base = int(starts[0]) if len(starts) else 0
         m = int(starts[-1]) - base if len(starts) else 0
         table = SampleTable(
-            keys=tbl.column("key").to_pylist(),
+            keys=Keys.from_arrow(tbl.column("key").combine_chunks()),  # UTF-8 checked by validate(full=True)
             member_start=starts - base,
             offset=as_numpy(off.values)[base:base + m].astype(np.int64, copy=False),
             size=as_numpy(size.values)[base:base + m].astype(np.int64, copy=False),

@@ -54,6 +54,7 @@ from shardfeed.formats.engine.kernels import (
     SRC_LEN,
 )
 from shardfeed.formats.errors import ShardError
+from shardfeed.formats.key_blob import key_blob
 from shardfeed.formats.readers import TarShardReader, open_shard
 
 MAX_OPEN_SHARDS = 256  # default max_open: shards kept open between reads
@@ -76,12 +77,10 @@ class TarView:
         self.keys = t.keys
         # keys as one UTF-8 blob + offsets: the gather copies them next to the
         # payloads and the batch's keys come back with one decode and split
-        enc = [k.encode("utf-8") for k in t.keys]
-        if any(b"\0" in k for k in enc):
+        # (a sidecar's keys are that blob already: no per-sample work, key_blob.py)
+        self.key_data, self.key_off = key_blob(t.keys)
+        if self.key_data.size and not self.key_data.all():
             raise ShardError(self.path, "a sample key contains a NUL byte (impossible in a tar name: corrupt sidecar)")
-        self.key_data = np.frombuffer(b"".join(enc), np.uint8) if enc else np.zeros(0, np.uint8)
-        self.key_off = np.zeros(len(enc) + 1, np.int64)
-        np.cumsum([len(k) for k in enc], out=self.key_off[1:])
         self.checksum = np.ascontiguousarray(t.checksum, np.uint64)
         self.slot = -1
         # a mapped shard is read with preadv through its own descriptor: the
