@@ -134,8 +134,9 @@ def _equal_size_list(buf: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> 
     if first >= 0 and stride >= size and last == first + stride * (n - 1) and last + size <= len(buf) and (
             n < 3 or not np.any(np.diff(starts) != stride)):
         return np.ndarray((n,), dtype=dtype, buffer=buf, offset=first, strides=(stride,)).tolist()
-    if int(starts.min()) < 0 or int(starts.max()) + size > len(buf) or not buf.flags.c_contiguous:
-        return None
+    if size > _SLICE_WHOLE_BYTES or int(starts.min()) < 0 or int(starts.max()) + size > len(buf) \
+            or not buf.flags.c_contiguous:
+        return None  # large values: the compaction would be a second copy of every byte
     out = np.empty(n * size, np.uint8)
     copy_ranges(buf, np.ascontiguousarray(starts, np.int64), np.ascontiguousarray(sizes), out, np.arange(0, n * size, size, dtype=np.int64))
     return out.view(dtype).tolist()
