@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,6 +19,7 @@ import xxhash
 
 from shardfeed.formats.errors import ShardError
 from shardfeed.formats.files import check_regular
+from shardfeed.formats.key_blob import Keys
 from shardfeed.formats.tar import list_members, split_name
 
 SIDECAR_SUFFIX = ".idx"
@@ -137,48 +137,6 @@ _NUMPY_OF = {t: np.dtype(t) for t in ("int8", "int16", "int32", "int64", "uint8"
 _NUMPY_OF.update({"float": np.dtype("float32"), "double": np.dtype("float64")})
 
 
-class KeyList(Sequence):
-    """A shard's keys as one UTF-8 blob (``data``, uint8) and ``offsets`` (int64, n + 1): what the
-    gather copies from. The Python strings are made only when a key is asked for (then all at
-    once), so opening a shard to read batches builds no per-sample object."""
-
-    def __init__(self, data: np.ndarray, offsets: np.ndarray):
-        self.data, self.offsets = data, offsets
-        self._list: list[str] | None = None
-
-    def __len__(self) -> int:
-        return len(self.offsets) - 1
-
-    def _strs(self) -> list[str]:
-        if self._list is None:
-            raw, offs = self.data.tobytes(), self.offsets.tolist()
-            self._list = [raw[a:b].decode("utf-8") for a, b in zip(offs, offs[1:])]
-        return self._list
-
-    def __getitem__(self, i):
-        return self._strs()[i]
-
-    def __iter__(self):
-        return iter(self._strs())
-
-    def __eq__(self, other) -> bool:
-        return list(self) == list(other) if isinstance(other, (list, KeyList)) else NotImplemented
-
-    def __repr__(self) -> str:
-        return f"KeyList({len(self)} keys)"
-
-
-def _key_list(arr: pa.Array) -> KeyList:
-    """The keys of a validated string column (UTF-8 checked per value by ``validate(full=True)``),
-    copied from its buffers: the gather reads them by address, so they must not be the mapped file."""
-    offs = np.frombuffer(arr.buffers()[1], np.int32)[arr.offset:arr.offset + len(arr) + 1].astype(np.int64)
-    base = int(offs[0]) if len(offs) else 0
-    data = arr.buffers()[2]
-    blob = np.frombuffer(data, np.uint8)[base:int(offs[-1])].copy() if data is not None and len(offs) \
-        else np.zeros(0, np.uint8)
-    return KeyList(blob, offs - base if len(offs) else np.zeros(1, np.int64))
-
-
 @dataclass
 class SampleTable:
     """Samples of one tar shard, as flat arrays.
@@ -188,7 +146,7 @@ class SampleTable:
     of the (decompressed) tar stream.
     """
 
-    keys: Sequence[str]  # a list (scanned, written) or a KeyList (read from a sidecar)
+    keys: list[str] | Keys  # a Keys (one blob, decoded on demand) when read from a sidecar
     member_start: np.ndarray  # int64, len = samples + 1
     offset: np.ndarray  # int64, len = members
     size: np.ndarray  # int64
@@ -288,7 +246,7 @@ def write_sidecar(path: str, table: SampleTable, shard_bytes: int, shard_hash: s
     offsets = pa.array(ms.astype(np.int32) if ms[-1] < 2**31 else ms, )
     list_type = pa.ListArray if offsets.type == pa.int32() else pa.LargeListArray
     tbl = pa.table({
-        "key": pa.array(table.keys, pa.string()),
+        "key": pa.array(table.keys.tolist() if isinstance(table.keys, Keys) else table.keys, pa.string()),
         "checksum": pa.array(table.checksum, pa.uint64()),
         "offset": list_type.from_arrays(offsets, pa.array(table.offset, pa.int64())),
         "size": list_type.from_arrays(offsets, pa.array(table.size, pa.int64())),
@@ -378,7 +336,7 @@ def read_sidecar(path: str, shard: str) -> tuple[SampleTable, dict]:
         base = int(starts[0]) if len(starts) else 0
         m = int(starts[-1]) - base if len(starts) else 0
         table = SampleTable(
-            keys=_key_list(tbl.column("key").combine_chunks()),
+            keys=Keys.from_arrow(tbl.column("key").combine_chunks()),  # UTF-8 checked by validate(full=True)
             member_start=starts - base,
             offset=as_numpy(off.values)[base:base + m].astype(np.int64, copy=False),
             size=as_numpy(size.values)[base:base + m].astype(np.int64, copy=False),

@@ -74,6 +74,10 @@ class Blob:
             ends = starts + np.maximum(sizes, 0)
             total = int(np.maximum(sizes, 0).sum())
         heap.reserve(total)  # the previous batch's freed memory is reused, not fresh pages (heap.py)
+        if whole:
+            same = _equal_size_list(self.buf, starts, sizes)
+            if same is not None:
+                return same
         lo, hi = int(starts.min()), int(ends.max())
         if total <= _SLICE_WHOLE_BYTES * len(starts) and hi - lo <= 2 * total + 4096:
             # small items: one bytes copy of the span they lie in, then bytes
@@ -110,6 +114,34 @@ class Blob:
             np.cumsum(np.maximum(sizes[:-1], 0), out=starts[1:])
         data = b"".join(b for b in enc if b is not None)
         return cls(np.frombuffer(data, np.uint8), starts, sizes, text)
+
+
+def _equal_size_list(buf: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> list | None:
+    """The values as bytes when all have one size (fixed-size records, token windows, the
+    benchmark's payloads): numpy's ``tolist`` of an unstructured-void array makes each ``bytes``
+    in C instead of one Python slice per value (measured ~1.2x the slicing loop on 2 KiB values
+    that need the compaction copy, ~3x on values viewed in place). Values at one constant stride
+    are viewed in place; others (a sample's other fields vary in length) are first compacted by
+    the jitted copy, but only small ones (a second copy of large ones would cost more than it
+    saves). None otherwise: the caller slices."""
+    size = int(sizes[0])
+    n = len(starts)
+    if size <= 0 or sizes.dtype != np.int64 or not buf.flags.c_contiguous or int(sizes.min()) != size \
+            or int(sizes.max()) != size:
+        return None
+    dtype = np.dtype((np.void, size))
+    first = int(starts[0])
+    stride = int(starts[1]) - first if n > 1 else size
+    last = int(starts[-1])
+    if first >= 0 and stride >= size and last == first + stride * (n - 1) and last + size <= len(buf) and (
+            n < 3 or not np.any(np.diff(starts) != stride)):
+        return np.ndarray((n,), dtype=dtype, buffer=buf, offset=first, strides=(stride,)).tolist()
+    if size > _SLICE_WHOLE_BYTES or int(starts.min()) < 0 or int(starts.max()) + size > len(buf):
+        return None
+    out = np.empty(n * size, np.uint8)
+    copy_ranges(buf, np.ascontiguousarray(starts, np.int64), np.ascontiguousarray(sizes), out,
+                np.arange(0, n * size, size, dtype=np.int64))
+    return out.view(dtype).tolist()
 
 
 class OwnedArray(np.ndarray):

@@ -52,15 +52,19 @@ def _find_xxh3() -> int:
     if os.environ.get("SHARDFEED_NO_NATIVE_XXH3"):
         return 0
     here = os.path.dirname(xxhash.__file__)
+    # XXH3_64bits_dispatch first: the same function with its long-input loop chosen for this CPU
+    # (AVX2 where there is one), as xxh3_64_intdigest runs it; plain XXH3_64bits is the SSE2 build,
+    # about half as fast on long inputs (measured: 11% of a 100 KiB batch read hashing with SSE2)
     for path in sorted(glob.glob(os.path.join(here, "_xxhash*.so"))):
-        try:
-            f = ctypes.CDLL(path).XXH3_64bits
-        except (OSError, AttributeError):
-            continue
-        f.restype, f.argtypes = ctypes.c_uint64, [ctypes.c_char_p, ctypes.c_size_t]
-        probes = [b"", b"a", bytes(range(256)) * 9, os.urandom(4099)]
-        if all(f(p, len(p)) == xxhash.xxh3_64_intdigest(p) for p in probes):
-            return ctypes.cast(f, ctypes.c_void_p).value or 0
+        for name in ("XXH3_64bits_dispatch", "XXH3_64bits"):
+            try:
+                f = getattr(ctypes.CDLL(path), name)
+            except (OSError, AttributeError):
+                continue
+            f.restype, f.argtypes = ctypes.c_uint64, [ctypes.c_char_p, ctypes.c_size_t]
+            probes = [b"", b"a", bytes(range(256)) * 9, os.urandom(4099), os.urandom(100_003)]
+            if all(f(p, len(p)) == xxhash.xxh3_64_intdigest(p) for p in probes):
+                return ctypes.cast(f, ctypes.c_void_p).value or 0
     return 0
 
 

@@ -54,8 +54,8 @@ from shardfeed.formats.engine.kernels import (
     SRC_LEN,
 )
 from shardfeed.formats.errors import ShardError
+from shardfeed.formats.key_blob import key_blob
 from shardfeed.formats.readers import TarShardReader, open_shard
-from shardfeed.formats.sidecar import KeyList
 
 MAX_OPEN_SHARDS = 256  # default max_open: shards kept open between reads
 INITIAL_SLOTS = 8  # rows of the slot table at first; it doubles when full
@@ -76,15 +76,9 @@ class TarView:
         self.fid = np.ascontiguousarray(field_map[t.member_field]) if len(t.offset) else np.zeros(0, np.int64)
         self.keys = t.keys
         # keys as one UTF-8 blob + offsets: the gather copies them next to the
-        # payloads and the batch's keys come back with one decode and split.
-        # A sidecar's keys come as that blob already (no per-sample str at open)
-        if isinstance(t.keys, KeyList):
-            self.key_data, self.key_off = t.keys.data, t.keys.offsets
-        else:
-            enc = [k.encode("utf-8") for k in t.keys]
-            self.key_data = np.frombuffer(b"".join(enc), np.uint8) if enc else np.zeros(0, np.uint8)
-            self.key_off = np.zeros(len(enc) + 1, np.int64)
-            np.cumsum([len(k) for k in enc], out=self.key_off[1:])
+        # payloads and the batch's keys come back with one decode and split
+        # (a sidecar's keys are that blob already: no per-sample work, key_blob.py)
+        self.key_data, self.key_off = key_blob(t.keys)
         if self.key_data.size and not self.key_data.all():
             raise ShardError(self.path, "a sample key contains a NUL byte (impossible in a tar name: corrupt sidecar)")
         self.checksum = np.ascontiguousarray(t.checksum, np.uint64)

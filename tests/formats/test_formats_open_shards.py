@@ -14,7 +14,8 @@ from shardfeed.formats import ShardError, ShardWriter, open_index
 from shardfeed.formats.engine.batch import BatchReader
 from shardfeed.formats.engine.open_shards import INITIAL_SLOTS, OpenShards
 from shardfeed.formats.errors import ReadError
-from shardfeed.formats.sidecar import SIDECAR_SUFFIX, KeyList, read_sidecar, write_sidecar
+from shardfeed.formats.key_blob import Keys
+from shardfeed.formats.sidecar import SIDECAR_SUFFIX, read_sidecar, write_sidecar
 from shardfeed.loader.errors import ErrorPolicy
 
 
@@ -153,7 +154,7 @@ def test_a_shard_opened_from_its_sidecar_makes_no_per_sample_key_strings(make_da
     ids = np.array([37, 2, 15, 22, 9])
     assert r.read(ids).keys == [f"{i:08d}" for i in ids]
     views = list(r.shards.views.values())
-    assert len(views) == 4 and all(isinstance(v.keys, KeyList) and v.keys._list is None for v in views)
+    assert len(views) == 4 and all(isinstance(v.keys, Keys) and v.keys._list is None for v in views)
     assert list(r.shards.views[3].keys) == [f"{i:08d}" for i in range(30, 40)]  # made when asked for
     r.close()
 

@@ -176,6 +176,24 @@ def test_blob_to_list_matches_a_plain_reference(text):
         assert b.to_list() == _reference(buf, starts, sizes, text)
 
 
+def test_equal_sized_values_come_back_exact_whatever_their_layout():
+    """The equal-size fast path (a strided void view): NUL bytes at a value's end are kept (a
+    bytes dtype would strip them), and any layout other than one constant stride is sliced."""
+    buf = np.frombuffer(bytes(range(256)) * 40, np.uint8).copy()
+    buf[::7] = 0
+    n = len(buf)
+    cases = [(list(range(0, 2049 * 4, 2049)), [2048] * 4),  # one after the other, other bytes between
+             (list(range(6, 6 + 16 * 50, 16)), [16] * 50),  # values ending in NUL (buf[76] == 0...)
+             ([n - 30, n - 20, n - 10], [10] * 3),  # the last value ends at the buffer's end
+             ([300, 200, 100], [50] * 3),  # a negative stride
+             ([0, 10, 30], [10] * 3), ([0, 10, 20, 35], [10] * 4),  # strides that change
+             ([5, 5, 5], [9] * 3), ([0, 4], [8, 8]),  # repeats, overlapping values
+             ([17], [1000]), ([0, 100], [100, 99])]
+    for starts, sizes in cases:
+        got = Blob(buf, np.array(starts, np.int64), np.array(sizes, np.int64)).to_list()
+        assert got == _reference(buf, starts, sizes, False) and all(type(g) is bytes for g in got), (starts, sizes)
+
+
 def test_int_column_with_a_missing_or_bad_value_still_reports_it(tmp_path):
     root = str(tmp_path / "ints")
     with ShardWriter(root, max_shard_samples=4) as w:
