@@ -68,7 +68,7 @@ class FollowFeed(StreamFeed):
     def __init__(self, root: str, schedule: BatchSchedule, rank: int, world_size: int, seed: int = 0,
                  shuffle: bool = True, drop_last: bool = False, ranks_per_node: int | None = None,
                  fingerprint: dict | None = None, poll_s: float = POLL_S, idle_timeout_s: float = IDLE_TIMEOUT_S,
-                 replay: float = 0.0, window: int | None = None):
+                 replay: float = 0.0, window: int | None = None, source=None):
         if not poll_s > 0 or not idle_timeout_s > 0:
             raise ValueError(f"poll_s={poll_s!r} and idle_timeout_s={idle_timeout_s!r} must be > 0 seconds")
         if isinstance(replay, bool) or not isinstance(replay, (int, float)) or not 0 <= replay < 1:
@@ -77,7 +77,7 @@ class FollowFeed(StreamFeed):
         if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
             raise ValueError(f"window={window!r} must be None (all history) or an int >= 1 (commits)")
         super().__init__(root, schedule, rank, world_size, ranks_per_node, float(poll_s), float(idle_timeout_s),
-                         drop_last, f"{root}: a followed dataset")
+                         drop_last, f"{root}: a followed dataset", source)
         self.seed, self.shuffle = int(seed), bool(shuffle)
         self.fingerprint = dict(fingerprint or {})
         self.replay, self.window = float(replay), window
