@@ -27,6 +27,9 @@ ranks agree without messages:
   ones drawn from the samples before them within the last ``window``
   commits (all history when None), deterministic from (seed, the batch's
   first new id), so resume is exact. The tail carries only new samples.
+- A remote dataset (``source``, a cache.log_mirror.LogMirror) is read from
+  its mirror in the node cache, brought up to date before each poll: the
+  same rules, the same stream (loader/remote_follow.py).
 - Waiting polls the log every ``poll_s``; when no commit arrives for
   ``idle_timeout_s`` it raises ShardError naming the dataset and the wait,
   never a silent end (ranks could see a timeout differently; an end commit

@@ -132,7 +132,8 @@ class StreamLog:
                     raise ShardError(self.root, f"no dataset appeared here for {idle:.1f} s (idle_timeout_s="
                                                 f"{idle_timeout_s:g}): no {INDEX_NAME} and no commit log "
                                                 f"({LOG_DIR}/) while step {step} waits for its first samples; "
-                                                "start the writer (ShardWriter(root, append=True)) or check the path")
+                                                "start the writer (ShardWriter(root, append=True)) or check the path"
+                                                + self._last_error())
                 if idle >= idle_timeout_s:
                     raise ShardError(self.root, f"no commit arrived for {idle:.1f} s (idle_timeout_s="
                                                 f"{idle_timeout_s:g}) while step {step} waits for "

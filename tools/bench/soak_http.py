@@ -87,7 +87,15 @@ class HttpFaults:
                 "unknown": len(set(got) - published), "faults_served": served,
                 "requests": self.server.requests,
                 "peak_rss": max((x.get("reader_rss", 0) for x in samples), default=0),
+                **_thirds([x["reader_rss"] for x in samples if x.get("reader_rss")]),
                 "peak_cache_bytes": max((x.get("cache_bytes", 0) for x in samples), default=0)}
+
+
+def _thirds(rss: list) -> dict:
+    """Mean RSS of the first and last third of the run (flat memory: about equal)."""
+    third = max(1, len(rss) // 3)
+    return {"rss_first_third_mean": sum(rss[:third]) / third if rss else 0,
+            "rss_last_third_mean": sum(rss[-third:]) / third if rss else 0}
 
 
 def _reader_entry(url, cache, keys, run) -> None:
