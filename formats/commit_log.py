@@ -132,13 +132,15 @@ def check_new_names(known: dict, shards, where: str) -> None:
                                     "damaged; its samples would be delivered twice. Remove the later entry")
 
 
-def read_commits(root: str, after: int = 0) -> LogView:
-    """Commits with sequence number > ``after``. Anything committed after an
-    end (only a damaged or hand-edited log has that), a hole or a name
-    committed twice among them is an error."""
+def read_commits(root: str, after: int = 0, upto: int | None = None) -> LogView:
+    """Commits with sequence number > ``after`` (and <= ``upto``: a follower's
+    mirror of a remote log reads no further than it checked). Anything
+    committed after an end (only a damaged or hand-edited log has that), a
+    hole or a name committed twice among them is an error."""
     log = os.path.join(root, LOG_DIR)
     shards, end, fields = [], None, {}
-    for seq in check_no_holes(_seqs(log), after, log, lambda: base_log_seq(root)):
+    seqs = _seqs(log) if upto is None else [s for s in _seqs(log) if s <= upto]
+    for seq in check_no_holes(seqs, after, log, lambda: base_log_seq(root)):
         path = os.path.join(log, f"{seq:012d}.json")
         if end is not None:
             raise ShardError(path, f"commit {seq} comes after the end of the stream (commit {end}): "
@@ -276,7 +278,7 @@ def end_stream(root: str) -> int:
     return _commit(root, {"kind": END}, "the end of the stream")
 
 
-def open_stream_index(root: str) -> tuple[DatasetIndex, LogView]:
+def open_stream_index(root: str, upto: int | None = None) -> tuple[DatasetIndex, LogView]:
     """(index of every published shard, the log read after index.arrow's
     ``log_seq``: its shards and end seq or None): index.arrow's rows,
     then the log's shards after its ``log_seq``, in commit order. Sample ids
@@ -293,7 +295,7 @@ def open_stream_index(root: str) -> tuple[DatasetIndex, LogView]:
     elif not os.path.isdir(os.path.join(root, LOG_DIR)):
         raise ShardError(root, f"not a growing dataset: no {INDEX_NAME} and no commit log ({LOG_DIR}/); "
                                "create it with ShardWriter(root, append=True)")
-    view = read_commits(root, after=log_seq)
+    view = read_commits(root, after=log_seq, upto=upto)
     fields = list(dict.fromkeys([*fields, *view.fields]))
     entries = view.shards
     check_unique_names(list(names) + [e.name for _, e in entries], root)

@@ -55,6 +55,8 @@ class BatchMaker:
 
             biggest = max_entry_bytes(index)  # the shard and its sidecar, as the checks count it
             max_open = reader_max_open(cached.spec.limit_bytes, biggest, readers)
+            if not getattr(cached, "keep_open", True):
+                max_open = 0  # a stream's shard sizes are unknown when sized: pins last one read
             if getattr(cached, "ranged", False):
                 max_open = max(max_open, RANGED_MAX_OPEN)  # a partial copy pinned open holds a few ranges only
             extra = dict(path_of=cached.path_of, release=cached.release, max_open=max_open)

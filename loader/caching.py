@@ -333,29 +333,35 @@ def _gb(n: float) -> str:
     return f"{int(n):,} B"
 
 
-def open_cached(source, cache_dir, limit_bytes, storage_options):
-    """(CacheSpec, index) of a dataset read through the cache: a URL's index is
-    mirrored into the cache folder (and named by its URL); a local one is read
-    in place. CacheLimitError now if the biggest shard cannot fit."""
+def cache_spec(source, cache_dir, limit_bytes, storage_options):
+    """The CacheSpec of a dataset read through the cache (the folder and limit checked, defaults applied)."""
     import os
 
-    from shardfeed.cache import mirror_index
     from shardfeed.cache.reads import CacheSpec, default_cache_dir, default_limit
-    from shardfeed.cache.sources import scheme_of
-    from shardfeed.formats import open_index
 
     if cache_dir is None:
         cache_dir = default_cache_dir()
         warnings.warn(f"shardfeed: {source} is read through a node-local cache and no cache_dir was given: "
                       f"using {cache_dir} (set cache_dir= or $SHARDFEED_CACHE_DIR to choose)", RuntimeWarning,
-                      stacklevel=4)
+                      stacklevel=5)
     cache_dir = os.path.abspath(os.fspath(cache_dir))
     if limit_bytes is None:
         limit_bytes = default_limit(cache_dir)
     if isinstance(limit_bytes, bool) or not isinstance(limit_bytes, (int, np.integer)) or limit_bytes <= 0:
         raise ValueError(f"cache_limit_bytes={limit_bytes!r} must be a positive int (bytes), or None for 80% of "
                          f"the disk space at {cache_dir}")
-    spec = CacheSpec(cache_dir, int(limit_bytes), dict(storage_options or {}))
+    return CacheSpec(cache_dir, int(limit_bytes), dict(storage_options or {}))
+
+
+def open_cached(source, cache_dir, limit_bytes, storage_options):
+    """(CacheSpec, index) of a dataset read through the cache: a URL's index is
+    mirrored into the cache folder (and named by its URL); a local one is read
+    in place. CacheLimitError now if the biggest shard cannot fit."""
+    from shardfeed.cache import mirror_index
+    from shardfeed.cache.sources import scheme_of
+    from shardfeed.formats import open_index
+
+    spec = cache_spec(source, cache_dir, limit_bytes, storage_options)
     cache = spec.open()
     if isinstance(source, str) and scheme_of(source) not in ("", "file"):
         url = source.rstrip("/")

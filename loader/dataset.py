@@ -99,8 +99,10 @@ class ShardDataset(torch.utils.data.IterableDataset):
     Without ``cache_limit_bytes`` the budget is 80% of what the cache folder's
     disk could hold. A local source with a ``cache_dir`` is read through the
     cache too (copies on local disk: useful when the dataset sits on NFS);
-    without one it is read in place. Not available with a cache: ``follow=True``,
-    and ``ds[i]``/``ds.get(key)`` on a URL.
+    without one it is read in place. ``follow=True`` on a URL follows its
+    commit log through the cache (loader/remote_follow.py); on a local
+    folder it reads in place (no cache_dir). Not available: ``ds[i]`` and
+    ``ds.get(key)`` on a URL.
     """
 
     @gc_paused()
@@ -143,17 +145,24 @@ class ShardDataset(torch.utils.data.IterableDataset):
             raise ValueError(f"replay={replay!r}/window={window!r} mix older samples into a followed stream; "
                              "pass follow=True or leave them at 0.0/None")
         self.cache = None  # a cache.reads.CacheSpec when shards are read through the node-local cache
-        if remote or cache_dir is not None or cache_limit_bytes is not None:
+        self._mirror = None  # a followed URL's mirror folder in the cache (loader/remote_follow.py)
+        if self.follow and locality:
+            raise ValueError("locality=True is not available with follow=True (a stream is dealt by "
+                             "global batch in commit order); drop one of them")
+        if self.follow and remote:
+            from shardfeed.loader.remote_follow import open_followed
+
+            self.cache, self.index, self._mirror = open_followed(source, cache_dir, cache_limit_bytes,
+                                                                 storage_options)
+        elif remote or cache_dir is not None or cache_limit_bytes is not None:
             if self.follow:
-                raise ValueError(f"{source}: follow=True reads a growing dataset in a local folder, without the "
-                                 "node-local cache; drop cache_dir/cache_limit_bytes or follow=True")
+                raise ValueError(f"{source}: follow=True on a local folder reads it in place, without the "
+                                 "node-local cache (only a URL is followed through it); drop "
+                                 "cache_dir/cache_limit_bytes or follow=True")
             from shardfeed.loader.caching import open_cached
 
             self.cache, self.index = open_cached(source, cache_dir, cache_limit_bytes, storage_options)
         elif self.follow:
-            if locality:
-                raise ValueError("locality=True is not available with follow=True (a stream is dealt by "
-                                 "global batch in commit order); drop one of them")
             self.index = _stream_index(_local_folder(source))  # may be empty: samples come later
         else:
             self.index = open_index(source, on_error=on_error)
@@ -215,9 +224,17 @@ class ShardDataset(torch.utils.data.IterableDataset):
                               shuffle=self.order is not Order.NONE, drop_last=self.drop_last,
                               ranks_per_node=t.ranks_per_node, fingerprint=self.fingerprint(),
                               poll_s=self.poll_s, idle_timeout_s=self.idle_timeout_s, replay=self.replay,
-                              window=self.window)
+                              window=self.window, source=self._log_source())
         return EpochFeed(self.spec, schedule, t.rank, t.world_size, t.ranks_per_node, self.fingerprint(),
                          epoch=self.epoch, identity=self.identity(), name=str(self.source))
+
+    def _log_source(self):
+        """A followed URL's LogMirror (each feed its own), None for a local folder."""
+        if self.__dict__.get("_mirror") is None:
+            return None
+        from shardfeed.loader.remote_follow import log_source
+
+        return log_source(str(self.source), self.cache)
 
     def unbatched_plan(self, epoch: int | None = None):
         """This rank's plan for reading sample by sample (a plain torch DataLoader, ``len()``)."""
@@ -262,7 +279,11 @@ class ShardDataset(torch.utils.data.IterableDataset):
         """What reads this dataset's batches in one process; ``readers``: how many
         processes read at once (sizes what each keeps open in the cache)."""
         cached = None
-        if self.cache is not None:
+        if self.cache is not None and self.follow:
+            from shardfeed.loader.remote_follow import FollowedShards
+
+            cached = FollowedShards(self.index, self.cache)
+        elif self.cache is not None:
             from shardfeed.cache.ranged_reads import RangedShards
             from shardfeed.loader.caching import node_ranks
 
@@ -277,7 +298,12 @@ class ShardDataset(torch.utils.data.IterableDataset):
         if not self.follow:
             return maker
         root = self.index.root
-        return RegrowMaker(maker, functools.partial(stream_index, root), root,
+        regrow = functools.partial(stream_index, root)
+        if self.__dict__.get("_mirror") is not None:
+            from shardfeed.loader.remote_follow import followed_index
+
+            regrow = functools.partial(followed_index, self._mirror, root)
+        return RegrowMaker(maker, regrow, root,
                            "sample {id} is not published ({n} samples in the index and log): the log lost commits?")
 
     # -- iteration (sample dicts, for a plain torch DataLoader) ---------

@@ -105,7 +105,8 @@ class Loader:
         self._maker = None
         self._stats = LoaderStats()
         self._cache = None  # the prefetcher of a dataset read through the node-local cache (caching.py)
-        if getattr(dataset, "cache", None) is not None:
+        # a followed URL has no prefetcher: its readers fetch each new shard on first read (remote_follow.py)
+        if getattr(dataset, "cache", None) is not None and not getattr(dataset, "follow", False):
             from shardfeed.loader.caching import LoaderCache
 
             if self._auto is not None:  # the cache's budget is checked for its readers before any batch

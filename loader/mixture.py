@@ -84,6 +84,10 @@ class Mixture:
                 if self.stream is not None:
                     raise NotImplementedError(f"sources {self.stream} and {i} both have follow=True: one followed "
                                               "source per Mixture (write both streams into one growing dataset)")
+                if s.__dict__.get("_mirror") is not None:
+                    raise NotImplementedError(f"source {i} ({s.source}) follows a URL: a Mixture follows a local "
+                                              "folder only (its combined index reads the stream in place); "
+                                              "follow the URL alone, or mix a local growing folder")
                 if s.replay:
                     raise ValueError(f"source {i} ({s.source}) has replay={s.replay}: in a Mixture the fixed "
                                      "sources are the replay; drop replay= from the followed source")

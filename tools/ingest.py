@@ -7,6 +7,9 @@ ingest still runs; the last, partly filled shard is published at the end.
 Several ingests (on several hosts) may append to one DST at once: each shard
 is one create-if-absent commit, none is lost. ``--end`` publishes the commit
 that ends the stream (followers stop there, all at the same step).
+DST may be an ``s3://`` prefix (tools/ingest_remote.py): shards are staged
+locally and uploaded, each committed with a conditional put; a store that
+does not honour conditional puts, or a URL of another scheme, is refused.
 ``--follow-src FOLDER`` keeps polling a folder that files land in (a producer
 should write each under a dot-name or elsewhere and rename it in: files are
 taken by name, once) until ``--idle-exit-s`` passes without a new file.
@@ -38,7 +41,8 @@ BATCH = 256  # samples read from a source at a time
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = __doc__.strip()
     p.add_argument("src", metavar="SRC", help="input: file, folder or glob pattern (quote it), as for convert")
-    p.add_argument("dst", metavar="DST", help="the live dataset folder (created if absent; may already be growing)")
+    p.add_argument("dst", metavar="DST", help="the live dataset folder (created if absent; may already be growing), "
+                                              "or an s3:// prefix (credentials and endpoint from the environment)")
     p.add_argument("--source-type", choices=("images", "jsonl", "csv", "parquet", "tar", "dataset"),
                    help="override the detected input kind")
     p.add_argument("--format", choices=("tar", "parquet", "arrow"), default="tar", help="shard format")
@@ -213,10 +217,14 @@ def main(args) -> int:
     from tqdm import tqdm
 
     from shardfeed.formats import ShardError, ShardWriter
+    from shardfeed.tools.ingest_remote import RemoteIngestWriter, is_remote
 
     try:
         opts = _check(args)
-        writer = ShardWriter(args.dst, append=True, prefix=args.prefix, **opts)
+        if is_remote(args.dst):
+            writer = RemoteIngestWriter(args.dst, args.prefix, **opts)
+        else:
+            writer = ShardWriter(args.dst, append=True, prefix=args.prefix, **opts)
     except (ValueError, ShardError) as e:
         print(f"shardfeed ingest: error: {e}", file=sys.stderr)
         return 2
@@ -254,8 +262,8 @@ def main(args) -> int:
     print(f"ingested {plural(total, 'sample')} into {plural(len(writer.shards), 'published shard')}, "
           f"{human_bytes(writer.bytes_written)} in {secs:.2f} s ({total / secs:,.0f} samples/s) -> "
           f"{args.dst}{ended}")
-    try:
-        warning = class_order_warning(writer)
+    try:  # an object-store DST's shards left the staging folder once uploaded: not read back here
+        warning = None if is_remote(args.dst) else class_order_warning(writer)
     except ShardError as e:  # the check reads shards back; a failure there is not the ingest's
         warning = f"class order not checked: {e}"
     if warning:

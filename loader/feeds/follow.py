@@ -27,6 +27,9 @@ ranks agree without messages:
   ones drawn from the samples before them within the last ``window``
   commits (all history when None), deterministic from (seed, the batch's
   first new id), so resume is exact. The tail carries only new samples.
+- A remote dataset (``source``, a cache.log_mirror.LogMirror) is read from
+  its mirror in the node cache, brought up to date before each poll: the
+  same rules, the same stream (loader/remote_follow.py).
 - Waiting polls the log every ``poll_s``; when no commit arrives for
   ``idle_timeout_s`` it raises ShardError naming the dataset and the wait,
   never a silent end (ranks could see a timeout differently; an end commit
@@ -68,7 +71,7 @@ class FollowFeed(StreamFeed):
     def __init__(self, root: str, schedule: BatchSchedule, rank: int, world_size: int, seed: int = 0,
                  shuffle: bool = True, drop_last: bool = False, ranks_per_node: int | None = None,
                  fingerprint: dict | None = None, poll_s: float = POLL_S, idle_timeout_s: float = IDLE_TIMEOUT_S,
-                 replay: float = 0.0, window: int | None = None):
+                 replay: float = 0.0, window: int | None = None, source=None):
         if not poll_s > 0 or not idle_timeout_s > 0:
             raise ValueError(f"poll_s={poll_s!r} and idle_timeout_s={idle_timeout_s!r} must be > 0 seconds")
         if isinstance(replay, bool) or not isinstance(replay, (int, float)) or not 0 <= replay < 1:
@@ -77,7 +80,7 @@ class FollowFeed(StreamFeed):
         if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
             raise ValueError(f"window={window!r} must be None (all history) or an int >= 1 (commits)")
         super().__init__(root, schedule, rank, world_size, ranks_per_node, float(poll_s), float(idle_timeout_s),
-                         drop_last, f"{root}: a followed dataset")
+                         drop_last, f"{root}: a followed dataset", source)
         self.seed, self.shuffle = int(seed), bool(shuffle)
         self.fingerprint = dict(fingerprint or {})
         self.replay, self.window = float(replay), window

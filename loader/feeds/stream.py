@@ -35,12 +35,12 @@ class StreamFeed(Feed):
     _lookahead_steps = 4096  # steps one lookahead call may scan (bounds its cost)
 
     def __init__(self, root: str, schedule: BatchSchedule, rank: int, world_size: int, ranks_per_node: int | None,
-                 poll_s: float, idle_timeout_s: float, drop_last: bool, what: str):
+                 poll_s: float, idle_timeout_s: float, drop_last: bool, what: str, source=None):
         super().__init__(schedule, rank, world_size, ranks_per_node)
         self.root, self.poll_s, self.idle_timeout_s = root, poll_s, idle_timeout_s
         self.drop_last = bool(drop_last)
         self._what = what  # how errors name this stream
-        self.log = StreamLog(root)
+        self.log = StreamLog(root, source)  # source: a remote dataset's LogMirror (stream_log.py)
         self.epoch = 0
         self.step, self.base, self.base_step, self.done = 0, 0, 0, False
         self._plan = None

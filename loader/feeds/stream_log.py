@@ -30,10 +30,16 @@ class StreamLog:
     commit seqs, and the end. Grows by reading only the log entries after
     the last seen commit. A folder that does not hold a dataset yet (missing,
     or neither index.arrow nor a commit log: a follower started before its
-    writer) reads as empty and open; each poll looks for it again."""
+    writer) reads as empty and open; each poll looks for it again.
 
-    def __init__(self, root: str):
+    ``source`` (a cache.log_mirror.LogMirror): the dataset is remote, ``root``
+    its URL; each poll first brings new commits into the mirror folder, which
+    is then read by the same rules, no further than the mirror checked."""
+
+    def __init__(self, root: str, source=None):
         self.root = root
+        self.source = source
+        self.folder = source.folder if source is not None else root
         self.names: list[str] = []
         self.counts: list[int] = []
         self.seqs: list[int] = []
@@ -49,12 +55,15 @@ class StreamLog:
 
     def _open(self) -> bool:
         """Read the dataset if it appeared; False while it has not."""
-        if not (os.path.exists(os.path.join(self.root, INDEX_NAME)) or os.path.isdir(os.path.join(self.root, LOG_DIR))):
+        if self.source is not None:
+            if not self.source.sync():
+                return False
+        elif not (os.path.exists(os.path.join(self.root, INDEX_NAME)) or os.path.isdir(os.path.join(self.root, LOG_DIR))):
             if os.path.exists(self.root) and not os.path.isdir(self.root):
                 raise ShardError(self.root, "follow=True needs the folder of a growing dataset "
                                             "(ShardWriter(append=True)); this is not a folder")
             return False
-        index, view = open_stream_index(self.root)
+        index, view = open_stream_index(self.folder, upto=self._upto())
         self.exists = True
         self.names = list(index.names)
         self.counts = [int(c) for c in index.counts]
@@ -65,7 +74,7 @@ class StreamLog:
         self.seqs = [int(index.meta["folded_seq"])] * folded + [seq for seq, _ in view.shards]
         self.offsets = np.asarray(index.offsets, np.int64)
         # a dataset without a commit log was written whole (no append): complete, as if ended
-        growing = os.path.isdir(os.path.join(self.root, LOG_DIR))
+        growing = self.source.growing if self.source is not None else os.path.isdir(os.path.join(self.root, LOG_DIR))
         self.end = view.end if growing else int(index.meta["folded_seq"])
         self.seen = int(index.meta.get("seen_seq", 0))
         self.known = dict(zip(self.names, self.seqs))  # a name committed again later is damage
@@ -89,7 +98,9 @@ class StreamLog:
             return False
         if not self.exists:
             return self._open()
-        view = read_commits(self.root, after=self.seen)
+        if self.source is not None and not self.source.sync():
+            return False
+        view = read_commits(self.folder, after=self.seen, upto=self._upto())
         if not view.shards and view.end is None:
             return False
         check_new_names(self.known, view.shards, self.root)
@@ -107,6 +118,9 @@ class StreamLog:
         self.last_change = time.monotonic()
         return True
 
+    def _upto(self) -> int | None:
+        return self.source.have if self.source is not None else None
+
     def wait(self, need: int, step: int, poll_s: float, idle_timeout_s: float) -> None:
         """Poll until ``need`` samples are published or the stream ended; ShardError
         after ``idle_timeout_s`` without a commit (never a silent end)."""
@@ -118,13 +132,19 @@ class StreamLog:
                     raise ShardError(self.root, f"no dataset appeared here for {idle:.1f} s (idle_timeout_s="
                                                 f"{idle_timeout_s:g}): no {INDEX_NAME} and no commit log "
                                                 f"({LOG_DIR}/) while step {step} waits for its first samples; "
-                                                "start the writer (ShardWriter(root, append=True)) or check the path")
+                                                "start the writer (ShardWriter(root, append=True)) or check the path"
+                                                + self._last_error())
                 if idle >= idle_timeout_s:
                     raise ShardError(self.root, f"no commit arrived for {idle:.1f} s (idle_timeout_s="
                                                 f"{idle_timeout_s:g}) while step {step} waits for "
                                                 f"{need - self.total} more samples ({self.total} "
-                                                "published); the writer may have stopped without end_stream()")
+                                                "published); the writer may have stopped without end_stream()"
+                                                + self._last_error())
                 time.sleep(poll_s)
+
+    def _last_error(self) -> str:
+        err = getattr(self.source, "last_error", None)
+        return f"; the last poll of the source failed: {err}" if err else ""
 
     def seq_at(self, samples: int) -> int:
         """The commit holding stream sample ``samples - 1`` (0 before any)."""
@@ -192,6 +212,9 @@ class RegrowMaker:
             if int(ids.max()) >= index.num_samples:
                 raise ShardError(self.root, self.missing.format(id=int(ids.max()), n=index.num_samples))
             self.maker.reader.update_index(index)
+            grow = getattr(getattr(self.maker, "cached", None), "update_index", None)
+            if grow is not None:  # a followed URL's reads through the cache resolve the new shards too
+                grow(index)
         return self.maker.make(ids, image_size, alloc)
 
     def close(self) -> None:

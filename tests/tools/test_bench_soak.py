@@ -55,3 +55,24 @@ def test_soak_with_a_full_disk_loses_nothing_and_publishes_no_partial_shard(tmp_
     assert res["faults"]["disk"] >= 1 and res["survived"] == res["faults"], res["faults"]
     assert res["lost"] == 0 and res["unique"] == res["published"] and res["partial_shards_published"] == 0
     assert res["disk"]["data_tmpfs"] and res["memory_disk"]["samples"] >= 2
+
+
+def test_soak_with_server_faults_the_remote_follower_loses_and_repeats_nothing(tmp_path, capsys):
+    """--http-faults: a follower over loopback HTTP through a node cache beside the job, and
+    500/503/reset/stall/trickle served on the schedule: every sample once, each fault served."""
+    parser = argparse.ArgumentParser(prog="shardfeed bench")
+    bench.add_arguments(parser)
+    args = parser.parse_args(["soak", "--minutes", "0.3", "--fault-every-s", "2", "--every", "5", "--http-faults",
+                              "--out", str(tmp_path)])
+    code = bench.main(args)
+    out = capsys.readouterr().out
+    res = json.loads((tmp_path / "bench_soak.json").read_text())
+    assert code == 0, out
+    m = res["remote"]
+    assert m["published"] == res["published"] > 0
+    assert m["lost"] == 0 and m["repeated"] == 0 and m["unknown"] == 0 and m["unique"] == m["published"]
+    kinds = ("http500", "http503", "reset", "stall", "trickle")
+    assert all(m["faults_served"].get(k, 0) >= 1 for k in kinds), m["faults_served"]
+    assert all(res["survived"][k] == res["faults"][k] >= 1 for k in kinds)
+    assert m["peak_rss"] > 0 and m["peak_cache_bytes"] > 0
+    assert "remote follower over HTTP" in out and "lost 0, repeated 0" in out

@@ -20,6 +20,10 @@ full disk: the file system filled to its last 16 KiB for a while, so the
 writer meets ENOSPC (it dies; a new writer continues once there is room,
 and no partial shard may be published). Memory (RSS of every rank and
 worker) and disk (the dataset) are sampled every 5 s in any run.
+
+``--http-faults`` (soak_http.py): a third reader follows the dataset over
+loopback HTTP through a node cache, and the schedule adds server faults
+(500, 503, reset, stall, trickle); it must deliver every sample once.
 """
 
 from __future__ import annotations
@@ -56,6 +60,9 @@ def add_arguments(p) -> None:
     p.add_argument("--quick", action="store_true", help="a 0.5-minute run")
     p.add_argument("--disk-faults", action="store_true",
                    help="keep the dataset on a small tmpfs and add a full disk (ENOSPC) to the schedule")
+    p.add_argument("--http-faults", action="store_true",
+                   help="also follow the dataset over loopback HTTP through a node cache, and add server "
+                        "faults (500, 503, reset, stall, trickle) to the schedule")
 
 
 def _free_port() -> int:
@@ -110,27 +117,32 @@ class _Run:
                                    "root); run without --disk-faults")
             self.kinds = KINDS + ("disk",)
         os.makedirs(os.path.join(self.root, LOG_DIR))
+        self.http = None
+        if getattr(args, "http_faults", False):
+            from shardfeed.tools.bench.soak_http import KINDS as HTTP_KINDS
+            from shardfeed.tools.bench.soak_http import HttpFaults
+
+            self.http = HttpFaults(tmp, self.run)
+            self.kinds = self.kinds + HTTP_KINDS
         self.stop_file = os.path.join(self.run, "STOP")
         self.gen, self.job, self.writer, self.ranks = -1, -1, None, []
         self.faults: list[dict] = []
         self.restarts = 0
 
     def close(self) -> None:
+        if self.http is not None:
+            self.http.close()
         if self.mounted:
             subprocess.run(["umount", "-l", self.root], check=False)
 
     def sample(self) -> None:
         """RSS of the ranks and their workers, disk of the dataset."""
         pids = [p.pid for p in self.ranks if p.exitcode is None]
-        pids += [k for p in pids for k in _children(p)]
-        rss = 0
-        for pid in pids:
-            try:
-                with open(f"/proc/{pid}/statm") as f:
-                    rss += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-            except (OSError, ValueError, IndexError):
-                pass
-        self.samples.append({"t": time.time(), "rss": rss, "procs": len(pids), "data_bytes": _du(self.root)})
+        procs = len(pids) + sum(len(_children(p)) for p in pids)
+        row = {"t": time.time(), "rss": _rss(pids), "procs": procs, "data_bytes": _du(self.root)}
+        if self.http is not None:
+            self.http.sample(row, _rss, _du)
+        self.samples.append(row)
 
     def start_writer(self) -> None:
         self.gen += 1
@@ -172,6 +184,11 @@ class _Run:
         rank = random.randrange(WORLD)
         if kind == "disk":
             return self._fill_disk()
+        if self.http is not None and kind in self.http_kinds():
+            on = self.http.inject(kind)
+            self.faults.append({"kind": kind, "time": time.time(), "job": self.job, "writer": self.gen,
+                                "rank": None, "on": on})
+            return True
         if kind == "worker":
             kids = _children(self.ranks[rank].pid) if self.ranks[rank].exitcode is None else []
             if not kids:
@@ -188,6 +205,9 @@ class _Run:
                             if kind == "writer" else self.gen, "rank": None if kind == "writer" else rank})
         return True
 
+
+    def http_kinds(self) -> tuple:
+        return self.kinds[len(KINDS) + ("disk" in self.kinds):]
 
     def _fill_disk(self) -> bool:
         """Fill the dataset's file system to its last 16 KiB for a while (a neighbour filling the disk)."""
@@ -246,6 +266,18 @@ def _du(path: str) -> int:
     return total
 
 
+def _rss(pids) -> int:
+    """RSS of ``pids`` and their loader workers."""
+    rss = 0
+    for pid in list(pids) + [k for p in pids for k in _children(p)]:
+        try:
+            with open(f"/proc/{pid}/statm") as f:
+                rss += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            pass
+    return rss
+
+
 def _rank_entry(rank, world, port, cfg) -> None:
     try:
         rank_main(rank, world, port, cfg)
@@ -258,6 +290,8 @@ def _rank_entry(rank, world, port, cfg) -> None:
 def _drive(r: _Run, args, minutes: float, every_s: float) -> None:
     r.start_writer()
     r.start_job()
+    if r.http is not None:
+        r.http.start(r.ctx)
     t_end = time.monotonic() + minutes * 60
     next_fault, k = time.monotonic() + every_s, 0
     next_sample = 0.0
@@ -269,12 +303,15 @@ def _drive(r: _Run, args, minutes: float, every_s: float) -> None:
         if r.writer.exitcode is not None and not r.writer_died():
             raise RuntimeError(f"bench soak: the writer (generation {r.gen}) exited with {r.writer.exitcode} "
                                "without being killed; see its traceback above")
+        if r.http is not None and r.http.failed():
+            raise RuntimeError(f"bench soak: the remote reader failed; see {os.path.join(r.run, 'error-remote-reader')}")
         if r.check_job() is True:
             raise RuntimeError(f"bench soak: the job ended before the stream did (job {r.job}); "
                                f"see {r.run}")
         if time.monotonic() >= next_fault and r.inject(r.kinds[k % len(r.kinds)]):
             f = r.faults[-1]
-            what = "filled the dataset's disk" if f["kind"] == "disk" else f"killed {f['kind']}"
+            what = ("filled the dataset's disk" if f["kind"] == "disk" else f"killed {f['kind']}" if "on" not in f
+                    else f"server fault {f['kind']} on the next {f['on']} request")
             print(f"soak: {time.monotonic() - t_end + minutes * 60:7.1f} s  {what}"
                   + (f" of rank {f['rank']}" if f["rank"] is not None else "") + f" (job {f['job']})", flush=True)
             k += 1
@@ -297,6 +334,9 @@ def _drive(r: _Run, args, minutes: float, every_s: float) -> None:
             raise RuntimeError(f"bench soak: the job did not drain the stream in {args.drain_timeout_s:g} s "
                                f"(--drain-timeout-s); records in {r.run}")
         time.sleep(0.1 if done is None else 0)
+    if r.http is not None:
+        r.http.finish(deadline - time.monotonic())
+        r.sample()
 
 
 def main(args) -> int:
@@ -321,6 +361,11 @@ def main(args) -> int:
                 if r.writer is not None:
                     _killpg(r.writer)
             res = report(r, args, minutes)
+            if r.http is not None:
+                m = res["remote"] = r.http.report(r.root, r.samples)
+                clean = not (m["lost"] or m["repeated"] or m["unknown"])
+                for k in r.http_kinds():  # a server fault is survived when the remote follower lost nothing
+                    res["survived"][k] = res["faults"][k] if clean and m["faults_served"].get(k) else 0
         finally:
             r.close()
     f, s = res["faults"], res["survived"]
@@ -329,10 +374,17 @@ def main(args) -> int:
           f"partial shards published {res['partial_shards_published']}; "
           f"faults injected/survived: " + ", ".join(f"{k} {f[k]}/{s[k]}" for k in r.kinds if k in f)
           + f"; {plural(res['job_restarts'], 'job restart')}, {plural(res['writers'], 'writer')}")
+    if "remote" in res:
+        m = res["remote"]
+        print(f"bench soak: remote follower over HTTP: {m['unique']:,} delivered once, lost {m['lost']}, "
+              f"repeated {m['repeated']}; server faults served: "
+              + ", ".join(f"{k} {v}" for k, v in sorted(m["faults_served"].items()))
+              + f"; peak RSS {m['peak_rss'] / 2**20:.0f} MiB, peak cache {m['peak_cache_bytes'] / 2**20:.1f} MiB")
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "bench_soak.json")
     with open(path, "w") as fh:
         json.dump(res, fh, indent=1)
     print(f"bench soak: results in {path}")
-    bad = res["lost"] or res["audit_exit"] or res["partial_shards_published"] or sum(f.values()) != sum(s.values())
+    m = res.get("remote", {})
+    bad = m.get("lost") or m.get("repeated") or m.get("unknown") or res["lost"] or res["audit_exit"] or res["partial_shards_published"] or sum(f.values()) != sum(s.values())
     return 1 if bad else 0

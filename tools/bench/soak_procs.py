@@ -101,3 +101,21 @@ def rank_main(rank: int, world: int, port: int, cfg: dict) -> None:
     checkpoint("end", loader.state_dict()["step"] + 1)
     loader.close()
     dist.destroy_process_group()
+
+
+def remote_reader_main(url: str, cache_dir: str, out_path: str, idle_timeout_s: float, stall_s: float) -> None:
+    """Follow the stream at ``url`` (the driver's loopback HTTP server, faults injected) through a
+    node cache at ``cache_dir`` to its end, writing each delivered key to ``out_path``, one a line."""
+    os.setsid()
+    # a stalled or trickling answer is given up on (and retried) after stall_s, not the default 30 s
+    os.environ["SHARDFEED_FETCH_STALL_S"] = str(stall_s)
+    from shardfeed.loader import Loader, ShardDataset
+
+    ds = ShardDataset(url, follow=True, cache_dir=cache_dir, poll_s=0.05, idle_timeout_s=idle_timeout_s,
+                      decode=False, seed=11)
+    with open(out_path, "w") as out, Loader(ds, 8) as loader:
+        for batch in loader:
+            out.write("".join(f"{k}\n" for k in batch["__key__"]))
+            out.flush()
+    with open(out_path + ".done", "w"):
+        pass

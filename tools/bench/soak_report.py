@@ -85,5 +85,6 @@ def report(r, args, minutes: float) -> dict:
             "samples": len(rss), "peak_rss": max(rss), "rss_first_third_mean": sum(rss[:third]) / third,
             "rss_last_third_mean": sum(rss[-third:]) / third, "peak_data_bytes": max(data),
             "data_bytes_end": data[-1],
-            "series": [{k: x[k] for k in ("t", "rss", "procs", "data_bytes")} for x in r.samples]}
+            "series": [{k: x[k] for k in ("t", "rss", "procs", "data_bytes", "reader_rss", "cache_bytes") if k in x}
+                       for x in r.samples]}
     return out

@@ -8,18 +8,29 @@ store's time to first byte), concurrent requests waiting side by side. The
 link is shaped in the server itself (tc netem is not available in
 containers). Counts requests and body bytes. For benchmarks; tests use
 tests/cache_servers.py.
+
+``inject(kind, suffix, times)`` makes the next ``times`` requests of paths
+ending in ``suffix`` misbehave (the soak's server faults): ``"500"`` /
+``"503"`` answer that error; ``"reset"`` sends half the body and resets
+the connection; ``"stall"`` waits ``stall_s`` before the body; ``"trickle"``
+sends the body a byte every ``trickle_s`` (until the client gives up).
+``hits`` counts the faults served, by kind.
 """
 
 from __future__ import annotations
 
 import os
+import socket
+import struct
 import threading
 import time
+from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from shardfeed.cache.range_server import resolve, start_range_reply
 
 _CHUNK = 64 << 10
+FAULTS = ("500", "503", "reset", "stall", "trickle")
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -42,12 +53,20 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
+        kind = self.server.take_fault(self.path) if body else None  # on objects that exist: a fault, not a 404
+        if kind in ("500", "503"):
+            self.send_response(int(kind))
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         if self.server.latency_s:
             time.sleep(self.server.latency_s)
         self.server.request()
         size = os.path.getsize(path)
         start, end = start_range_reply(self, size)
         if not body:
+            return
+        if kind is not None and self._misbehave(kind, path, start, end):
             return
         with open(path, "rb") as f:
             pos = start
@@ -57,6 +76,30 @@ class _Handler(BaseHTTPRequestHandler):
                 self.wfile.write(data)
                 pos += len(data)
         self.server.count(end - start)
+
+
+    def _misbehave(self, kind: str, path: str, start: int, end: int) -> bool:
+        """Serve fault ``kind`` (after the headers); True when the body is done with."""
+        with open(path, "rb") as f:
+            data = os.pread(f.fileno(), end - start, start)
+        if kind == "stall":
+            time.sleep(self.server.stall_s)
+            return False
+        self.close_connection = True
+        try:
+            if kind == "reset":
+                self.wfile.write(data[: len(data) // 2])
+                self.wfile.flush()
+                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                self.connection.shutdown(socket.SHUT_RDWR)
+            elif kind == "trickle":
+                for i in range(len(data)):
+                    self.wfile.write(data[i:i + 1])
+                    self.wfile.flush()
+                    time.sleep(self.server.trickle_s)
+        except OSError:
+            pass  # the client gave up: what a trickle is for
+        return True
 
 
 class ThrottledServer(ThreadingHTTPServer):
@@ -76,6 +119,9 @@ class ThrottledServer(ThreadingHTTPServer):
         self.requests = 0
         self._mu = threading.Lock()
         self._free_at = 0.0  # when the link is next free (monotonic)
+        self.faults: list[list] = []  # [kind, suffix, times left] (inject)
+        self.hits: Counter = Counter()
+        self.stall_s, self.trickle_s = 8.0, 0.5
         self.url = f"http://127.0.0.1:{self.server_address[1]}"
         self._thread = threading.Thread(target=self.serve_forever, name="bench-http", daemon=True)
 
@@ -87,6 +133,21 @@ class ThrottledServer(ThreadingHTTPServer):
             self._free_at = start + n / self.rate
         if start > now:
             time.sleep(start - now)
+
+    def inject(self, kind: str, suffix: str, times: int = 1) -> None:
+        if kind not in FAULTS:
+            raise ValueError(f"fault kind {kind!r}: one of {', '.join(FAULTS)}")
+        with self._mu:
+            self.faults.append([kind, suffix, int(times)])
+
+    def take_fault(self, request_path: str) -> str | None:
+        with self._mu:
+            for f in self.faults:
+                if f[2] > 0 and request_path.split("?", 1)[0].endswith(f[1]):
+                    f[2] -= 1
+                    self.hits[f[0]] += 1
+                    return f[0]
+        return None
 
     def request(self) -> None:
         with self._mu:
