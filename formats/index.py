@@ -211,13 +211,19 @@ def _int64s(col) -> np.ndarray:
 
 def _read_index_file(path: str, root: str) -> tuple[dict, list]:
     from shardfeed.formats.files import open_regular
-    from shardfeed.formats.sidecar import read_arrow_bytes
 
     try:
         with open_regular(path, what="index") as f:  # one read: the bytes parsed are the bytes checksummed
             raw = f.read()
     except FileNotFoundError as e:
         raise ShardError(path, "index vanished while opening it") from e
+    return parse_index_bytes(raw, path)
+
+
+def parse_index_bytes(raw: bytes, path: str) -> tuple[dict, list]:
+    """(metadata, [names, formats, counts, sizes, hashes]) of index bytes, every check of a local index made."""
+    from shardfeed.formats.sidecar import read_arrow_bytes
+
     tbl = read_arrow_bytes(raw, path, "index", INDEX_NAME)
     try:
         meta = json.loads((tbl.schema.metadata or {})[b"shardfeed.index"])

@@ -140,7 +140,7 @@ def _build() -> None:
                 fields += [f for f in r["fields"] if f not in fields]
             if self.append:
                 for info in shards:
-                    publish(self.root, info)
+                    publish(self.root, info, fields)  # as local append does: train/inspect need the fields
                 shutil.rmtree(self.stage, ignore_errors=True)
             else:
                 for name in os.listdir(self.stage):

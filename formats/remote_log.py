@@ -24,9 +24,9 @@ import re
 import shutil
 import tempfile
 
-from shardfeed.formats.commit_log import END, LogView, _shard, check_new_names, check_no_holes
+from shardfeed.formats.commit_log import END, LogView, _fields, _shard, check_new_names, check_no_holes
 from shardfeed.formats.errors import ShardError
-from shardfeed.formats.index import INDEX_NAME, LOG_DIR, ShardInfo, check_shard_name
+from shardfeed.formats.index import INDEX_NAME, LOG_DIR, ShardInfo, check_shard_name, parse_index_bytes
 from shardfeed.formats.sidecar import SIDECAR_SUFFIX
 
 _SEQ_RE = re.compile(r"^(\d{12})\.json$")
@@ -54,6 +54,10 @@ class RemoteLog:
         opts = dict(storage_options or {}, use_listings_cache=False)
         self.fs, self.path = fsspec.core.url_to_fs(self.url, **opts)
         self.log = f"{self.path}/{LOG_DIR}"
+        # what this writer has read of the log (as commit_log._Scan): every committed name and the
+        # end, read once, then only entries past ``_upto``; index.arrow's names, by its ETag
+        self._names: dict[str, int] = {}
+        self._upto, self._end, self._index_tag, self._index_names = 0, None, None, frozenset()
 
     def _entry(self, seq: int) -> str:
         return f"{self.log}/{seq:012d}.json"
@@ -91,7 +95,7 @@ class RemoteLog:
             raise ShardError(f"{self.url}/{INDEX_NAME}", f"is not a readable shardfeed index: {e}") from e
 
     def read_commits(self, after: int = 0) -> LogView:
-        shards, end = [], None
+        shards, end, fields = [], None, {}
         for seq in check_no_holes(self.seqs(), after, f"{self.url}/{LOG_DIR}", self.base_seq):
             where = f"{self.url}/{LOG_DIR}/{seq:012d}.json"
             if end is not None:
@@ -102,8 +106,9 @@ class RemoteLog:
                 end = seq
             else:
                 shards.append((seq, _shard(rec, where)))
+                fields.update(dict.fromkeys(_fields(rec, where)))
         check_new_names({}, shards, f"{self.url}/{LOG_DIR}")
-        return LogView(shards, end)
+        return LogView(shards, end, tuple(fields))
 
     def try_commit(self, seq: int, record: dict) -> bool:
         """Create entry ``seq`` if absent: True if this call created it, False if it existed."""
@@ -113,23 +118,78 @@ class RemoteLog:
         except FileExistsError:
             return False
 
-    def commit(self, record: dict, what: str) -> int:
+    def _note(self, seq: int, rec: dict) -> None:
+        if rec.get("kind") == END:
+            self._end = seq if self._end is None else min(self._end, seq)
+        else:
+            self._names.setdefault(_shard(rec, f"{self.url}/{LOG_DIR}/{seq:012d}.json").name, seq)
+        self._upto = max(self._upto, seq)
+
+    def _scan(self) -> list[int]:
+        """List the log and read the entries not read before; returns the listing."""
         seqs = self.seqs()
-        if seqs and self.read_entry(seqs[-1]).get("kind") == END:
-            raise ShardError(self.url, f"cannot commit {what}: the stream was ended by commit {seqs[-1]} "
+        if seqs and seqs[-1] < self._upto:  # the log was rewritten under this writer: read it afresh
+            self._names, self._upto, self._end = {}, 0, None
+        for seq in seqs:
+            if seq > self._upto:
+                try:
+                    self._note(seq, self.read_entry(seq))
+                except FileNotFoundError:
+                    continue  # folded into index.arrow and removed since the listing
+        try:
+            tag = self.fs.info(f"{self.path}/{INDEX_NAME}", refresh=True).get("ETag")
+        except FileNotFoundError:
+            self._index_tag, self._index_names = None, frozenset()
+        else:
+            if tag is None or tag != self._index_tag:
+                where = f"{self.url}/{INDEX_NAME}"
+                self._index_names = frozenset(parse_index_bytes(self.fs.cat_file(f"{self.path}/{INDEX_NAME}"),
+                                                                where)[1][0])
+                self._index_tag = tag
+        return seqs
+
+    def committed(self, name: str) -> str | None:
+        """Where ``name`` is already committed ("commit N" or index.arrow), as of the last scan; None if not."""
+        if name in self._names:
+            return f"commit {self._names[name]}"
+        return INDEX_NAME if name in self._index_names else None
+
+    def _refuse(self, what: str, name: str | None) -> None:
+        if self._end is not None:
+            raise ShardError(self.url, f"cannot commit {what}: the stream was ended by commit {self._end} "
                                        "(end_stream); start a new dataset prefix to publish more")
+        held = self.committed(name) if name is not None else None
+        if held is not None:
+            raise ShardError(f"{self.url}/{name}", f"cannot commit {what}: it is already committed ({held}); a "
+                                                   "name is committed at most once (a second commit would "
+                                                   "deliver its samples twice)")
+
+    def check_new(self, name: str) -> None:
+        """ShardError unless ``name`` may still be committed (not committed, the stream not ended): the
+        appender asks before uploading, so a committed object is never written over."""
+        self._scan()
+        self._refuse(f"shard {name}", name)
+
+    def commit(self, record: dict, what: str, name: str | None = None) -> int:
+        seqs = self._scan()
+        self._refuse(what, name)
         seq = seqs[-1] + 1 if seqs else self.base_seq() + 1
         while not self._put(seq, record):
             held = self.read_entry(seq)
             if held == record:
                 # our own put landed and its response was lost (s3fs retried it, or we did): the entry
                 # at seq is this commit; walking on would commit the same shard again at seq + 1
+                self._note(seq, held)
                 return seq
-            # another writer took this number; if it ended the stream, stop here
-            if held.get("kind") == END:
-                raise ShardError(self.url, f"cannot commit {what}: the stream was ended by commit {seq} "
+            # another writer took this number: what it holds counts as listed, so an end or this
+            # very name there stops this writer
+            self._note(seq, held)
+            if self._end is not None:
+                raise ShardError(self.url, f"cannot commit {what}: the stream was ended by commit {self._end} "
                                            "(end_stream) while this writer was publishing")
+            self._refuse(what, name)
             seq += 1
+        self._note(seq, record)
         return seq
 
     def _put(self, seq: int, record: dict, attempts: int = 4) -> bool:
@@ -147,9 +207,13 @@ class RemoteLog:
                                      f"commit failed after {attempts} attempts: {e!r}") from e
         return False
 
-    def publish(self, info: ShardInfo) -> int:
+    def publish(self, info: ShardInfo, fields=()) -> int:
+        """Commit one uploaded shard; ``fields``: the sample fields written so far (the index lists them)."""
         check_shard_name(info.name, self.url)
-        return self.commit(dict(info.__dict__), f"shard {info.name}")
+        record = dict(info.__dict__)
+        if fields:
+            record["fields"] = list(fields)
+        return self.commit(record, f"shard {info.name}", info.name)
 
     def end_stream(self) -> int:
         return self.commit({"kind": END}, "the end of the stream")
@@ -186,13 +250,25 @@ class RemoteAppender:
             info = self.writer.shards[len(self.published)]
             local = os.path.join(self._stage, info.name)
             remote = f"{self.log.path}/{info.name}"
+            self.log.check_new(info.name)  # before any upload: a committed shard's objects are never replaced
             if os.path.exists(local + SIDECAR_SUFFIX):  # the sidecar first: a committed shard has both
-                self.log.fs.put_file(local + SIDECAR_SUFFIX, remote + SIDECAR_SUFFIX)
-            self.log.fs.put_file(local, remote)
-            self.published.append((self.log.publish(info), info))
+                self._upload_new(local + SIDECAR_SUFFIX, remote + SIDECAR_SUFFIX)
+            self._upload_new(local, remote)
+            self.published.append((self.log.publish(info, self.writer.fields), info))
             for suffix in (SIDECAR_SUFFIX, ""):
                 if os.path.exists(local + suffix):
                     os.unlink(local + suffix)
+
+    def _upload_new(self, local: str, remote: str) -> None:
+        """Put ``local`` at ``remote`` only if no object is there (a conditional put): an object already
+        there is refused unless it holds these very bytes (our own put whose response was lost)."""
+        try:
+            self.log.fs.put_file(local, remote, mode="create")
+        except FileExistsError:
+            if not _same_bytes(self.log.fs, remote, local):
+                raise ShardError(f"{self.log.url}/{remote[len(self.log.path) + 1:]}",
+                                 "another object is already stored under this name (uncommitted, or committed "
+                                 "by another writer); refusing to write over it") from None
 
     def write(self, sample: dict) -> None:
         self.writer.write(sample)
@@ -225,3 +301,15 @@ class RemoteAppender:
             self.abort()
         else:
             self.close()
+
+
+def _same_bytes(fs, remote: str, local: str, chunk: int = 8 << 20) -> bool:
+    if fs.info(remote, refresh=True)["size"] != os.path.getsize(local):
+        return False
+    with fs.open(remote, "rb", cache_type="none") as r, open(local, "rb") as f:
+        while True:
+            a = f.read(chunk)
+            if a != r.read(len(a) or 1):
+                return False
+            if not a:
+                return True

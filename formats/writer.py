@@ -57,6 +57,26 @@ def check_field(name: str) -> str:
 MAX_FIELDS = 32767  # distinct field names in one tar shard: sidecar field ids are int16
 
 
+def approx_sample_bytes(format: str, sample: dict[str, Any]) -> int:
+    """What ``sample`` adds to a shard's size as ShardWriter measures it against
+    ``max_shard_bytes`` (a tar's uncompressed members; a columnar shard's values),
+    so a conversion can plan a 1-process run's shard boundaries before writing."""
+    key, total = sample["__key__"], 0
+    for ext, value in sample.items():
+        if ext.startswith("__"):
+            continue
+        if format == "tar":
+            n = len(encode_field(ext, value))
+            total += len(member_header(f"{key}.{ext}", n)) + n + len(padding(n))
+        elif codec_of(ext) == "int" and not isinstance(value, (bytes, bytearray)):
+            total += 8  # as _ColumnarShard.add counts them
+        elif codec_of(ext) == "text" and isinstance(value, str):
+            total += len(value)
+        else:
+            total += len(encode_field(ext, value))
+    return total
+
+
 class _TarShard:
     def __init__(self, path: str, compression: str | None):
         self.path = path

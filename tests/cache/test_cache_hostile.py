@@ -17,6 +17,8 @@ from conftest import labelled_sample
 from shardfeed.cache import FetchOptions, ShardCache, mirror_index
 from shardfeed.formats import ShardError, ShardWriter
 
+pytestmark = pytest.mark.hostile  # bounded time and memory (conftest.py)
+
 FAST = FetchOptions(range_bytes=64 << 10, threads=2, attempts=3, backoff_s=0.01, stall_s=1.0, min_rate=1000,
                     deadline_s=20.0)
 SIZE = 300_000

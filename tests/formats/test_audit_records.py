@@ -23,7 +23,7 @@ from shardfeed.loader import Loader, ShardDataset
 from shardfeed.loader import audit as A
 from shardfeed.tools.cli import main as cli
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.hostile(timeout=120)  # bounded time and memory (conftest.py)
 
 
 @pytest.fixture

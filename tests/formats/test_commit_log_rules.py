@@ -18,7 +18,7 @@ from shardfeed.formats.commit_log import LOG_DIR, end_stream, open_stream_index,
 from shardfeed.formats.index import ShardInfo
 from shardfeed.loader import Loader, ShardDataset
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.hostile(timeout=120)  # bounded time and memory (conftest.py)
 
 
 def _stream(root, shards: int, per: int = 10, end: bool = True) -> None:

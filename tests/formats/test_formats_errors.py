@@ -15,6 +15,8 @@ from conftest import labelled_sample
 from shardfeed.formats import ShardError, ShardInfo, open_index, open_shard, verify_shard, write_index
 from shardfeed.formats.readers import TarShardReader
 
+pytestmark = pytest.mark.hostile  # bounded time and memory (conftest.py)
+
 
 def _raises(fn, shard: str, reason: str) -> ShardError:
     with pytest.raises(ShardError) as ei:

@@ -21,7 +21,7 @@ import pytest
 from shardfeed.formats import ShardError, ShardWriter, open_index, open_shard
 from shardfeed.formats.readers import shard_keys
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = pytest.mark.hostile(timeout=240)  # bounded time and memory (conftest.py)
 
 
 def test_every_byte_flip_of_index_arrow_is_refused(tmp_path):

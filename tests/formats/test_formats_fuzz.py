@@ -19,6 +19,8 @@ from conftest import labelled_sample
 from shardfeed.formats import ShardError, ShardWriter, open_index, open_shard
 from shardfeed.formats.readers import TarShardReader
 
+pytestmark = pytest.mark.hostile  # bounded time and memory (conftest.py)
+
 N = 12
 FUZZ = settings(max_examples=int(os.environ.get("SHARDFEED_FUZZ_EXAMPLES", 60)), deadline=2000, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])

@@ -13,6 +13,8 @@ import pytest
 from shardfeed.formats import ShardError, ShardWriter, open_index, open_shard
 from shardfeed.loader import Loader, ShardDataset
 
+pytestmark = pytest.mark.hostile  # bounded time and memory (conftest.py)
+
 
 def _raw_tar(path, members) -> str:
     with tarfile.open(path, "w", format=tarfile.GNU_FORMAT, encoding="latin-1", errors="strict") as tf:

@@ -13,6 +13,8 @@ import pytest
 from shardfeed.formats import ShardError, open_index, open_shard
 from shardfeed.formats.files import open_regular, read_bounded
 
+pytestmark = pytest.mark.hostile  # bounded time and memory (conftest.py)
+
 
 def _swap(path: str, kind: str) -> None:
     os.remove(path)

@@ -16,6 +16,8 @@ from shardfeed.formats.engine.batch import BatchReader
 from shardfeed.formats.readers import shard_keys
 from shardfeed.loader import ShardDataset
 
+pytestmark = pytest.mark.hostile  # bounded time and memory (conftest.py)
+
 
 def _payload_offset(path: str, needle: bytes) -> int:
     raw = open(path, "rb").read()

@@ -20,6 +20,8 @@ from shardfeed.formats.engine.batch import BatchReader
 from shardfeed.formats.sidecar import read_sidecar, table_digest
 from shardfeed.tools.cli import main
 
+pytestmark = pytest.mark.hostile  # bounded time and memory (conftest.py)
+
 
 def _forge_sidecar(side: str, shard: str, edit) -> None:
     """Rewrite a sidecar with ``edit(table)`` applied and a valid digest (an attacker's forgery)."""

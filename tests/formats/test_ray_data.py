@@ -102,6 +102,23 @@ def test_datasink_append_commits_to_a_growing_dataset(ray_local, tmp_path):
     assert [n for n in os.listdir(tmp_path) if n != "live"] == []  # the stage is gone
 
 
+def test_datasink_append_records_the_sample_fields(ray_local, tmp_path, capsys):
+    """A dataset grown only by Ray appends lists its fields, as one grown by
+    ShardWriter(append=True) does: inspect finds the labels, compact keeps them."""
+    from shardfeed.formats.index import compact
+    from shardfeed.formats.ray_data import ShardDatasink
+
+    root = str(tmp_path / "live")
+    ray.data.from_items(_rows(60), override_num_blocks=2).write_datasink(
+        ShardDatasink(root, max_shard_samples=20, append=True))
+    assert sorted(open_index(root).fields) == ["bin", "cls", "txt"]
+    assert main(["inspect", "--json", "--samples", "0", root]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert sorted(info["fields"]) == ["bin", "cls", "txt"] and info["samples"] == 60 and "class_stats" in info
+    compact(root)
+    assert sorted(open_index(root, follow_log=False).fields) == ["bin", "cls", "txt"]
+
+
 def test_old_import_path_still_works():
     """shardfeed.tools.convert.ray_data was the documented path before the classes moved into formats/."""
     from shardfeed.formats import ray_data

@@ -161,3 +161,94 @@ def test_a_412_at_seq_for_our_own_entry_is_ours(s3, monkeypatch):
     assert log.publish(_info("a.tar")) == 1
     monkeypatch.undo()
     assert log.seqs() == [1]
+
+
+def _samples(prefix: str, n: int) -> list[dict]:
+    return [{"__key__": f"{prefix}{i:03d}", "cls": i, "txt": f"{prefix} {i}"} for i in range(n)]
+
+
+def test_a_shard_under_a_committed_name_is_refused_and_its_objects_kept(s3, tmp_path):
+    """A second appender that comes to a name already committed (here: the
+    same tag, as two hosts with one clock and pid could) is refused before it
+    uploads anything: the committed shard and sidecar keep their bytes, the
+    log keeps one commit of the name."""
+    url, opts = "s3://live/dupname", s3_options(s3)
+    with RemoteAppender(url, opts, stage_dir=str(tmp_path), max_shard_samples=2) as a:
+        for s in _samples("a", 2):
+            a.write(s)
+    name = a.published[0][1].name
+    log = RemoteLog(url, opts)
+    before = {suffix: log.fs.cat_file(f"{log.path}/{name}{suffix}") for suffix in ("", ".idx")}
+    b = RemoteAppender(url, opts, stage_dir=str(tmp_path), max_shard_samples=2)
+    b.writer.prefix, b.writer._tag = a.writer.prefix, a.writer._tag
+    b.write(_samples("b", 1)[0])
+    with pytest.raises(ShardError, match=rf"{url}/{name}.*already committed \(commit 1\)"):
+        b.close()
+    assert {suffix: log.fs.cat_file(f"{log.path}/{name}{suffix}") for suffix in before} == before
+    assert [(s, i.name) for s, i in log.read_commits().shards] == [(1, name)]
+    with pytest.raises(ShardError, match="already committed"):  # the log itself refuses it too
+        log.publish(_info(name))
+
+
+def test_a_writer_walking_up_past_its_own_name_is_refused(s3, monkeypatch):
+    """A writer whose listing predates another's commit of the same name
+    meets that entry at the seq it tries, and stops: no second commit."""
+    url = "s3://live/dupwalk"
+    slow = RemoteLog(url, dict(s3_options(s3), skip_instance_cache=True))
+    assert slow.publish(_info("a.tar")) == 1
+    stale = slow.seqs()
+    assert RemoteLog(url, s3_options(s3)).publish(_info("x.tar")) == 2
+    monkeypatch.setattr(slow, "seqs", lambda: list(stale))
+    other = ShardInfo("x.tar", "tar", 1, 1024, "1" * 32)  # another shard: the same record would be its own commit
+    with pytest.raises(ShardError, match=r"dupwalk/x.tar.*already committed \(commit 2\)"):
+        slow.publish(other)
+    monkeypatch.undo()
+    assert slow.seqs() == [1, 2]
+
+
+def test_an_uncommitted_object_under_the_name_is_not_written_over(s3, tmp_path):
+    """The check before the upload cannot see a shard another writer has
+    uploaded but not committed yet: the conditional put refuses to replace it."""
+    url, opts = "s3://live/foreign", s3_options(s3)
+    w = RemoteAppender(url, opts, stage_dir=str(tmp_path), max_shard_samples=1)
+    name = f"{w.writer.prefix}-{w.writer._tag}000000.tar"
+    w.log.fs.pipe_file(f"{w.log.path}/{name}", b"another writer's shard")
+    with pytest.raises(ShardError, match=rf"{url}/{name}: another object is already stored"):
+        w.write(_samples("a", 1)[0])
+    w.abort()
+    assert w.log.fs.cat_file(f"{w.log.path}/{name}") == b"another writer's shard"
+    assert w.log.seqs() == []
+
+
+def test_a_lost_upload_response_is_not_a_foreign_object(s3, tmp_path, monkeypatch):
+    """The shard's put lands and its response is lost; s3fs's retry meets
+    412. The object holds our bytes: the shard is committed, once."""
+    url, opts = "s3://live/lostupload", s3_options(s3)
+    w = RemoteAppender(url, opts, stage_dir=str(tmp_path), max_shard_samples=2)
+    real = w.log.fs.put_file
+
+    def put_then_412(lpath, rpath, **kw):
+        real(lpath, rpath, **kw)
+        raise FileExistsError(rpath)
+
+    monkeypatch.setattr(w.log.fs, "put_file", put_then_412)
+    for s in _samples("a", 4):
+        w.write(s)
+    w.close()
+    monkeypatch.undo()
+    assert [i.samples for _, i in w.log.read_commits().shards] == [2, 2]
+
+
+def test_appended_commits_record_the_sample_fields(s3, tmp_path):
+    """As local append does, each commit lists the fields written so far: the
+    mirrored index has them (train and inspect need cls; compact keeps them)."""
+    url, opts = "s3://live/fields", s3_options(s3)
+    with RemoteAppender(url, opts, stage_dir=str(tmp_path), max_shard_samples=2) as w:
+        for s in _samples("a", 3):
+            w.write(s)
+        w.write({"__key__": "b000", "cls": 1, "json": {"x": 1}})
+    assert RemoteLog(url, opts).read_commits().fields == ("cls", "txt", "json")
+    cache = ShardCache(str(tmp_path / "cache"), 1 << 22, storage_options=dict(opts, use_listings_cache=False),
+                       fetch=FAST)
+    ds = RemoteDataset(url, cache)
+    assert list(ds.index.fields) == ["cls", "txt", "json"] and ds.index.num_samples == 4

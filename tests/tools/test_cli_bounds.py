@@ -16,7 +16,7 @@ import pytest
 from shardfeed.formats import ShardWriter
 from shardfeed.tools.cli import main as cli
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.hostile(timeout=180)  # bounded time and memory (conftest.py)
 
 
 def _run(*argv, timeout=40):

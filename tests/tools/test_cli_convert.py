@@ -310,7 +310,8 @@ def test_sigterm_mid_conversion_removes_stage_and_exits_143(tmp_path, processes)
                              "--max-shard-samples", "500", "--processes", str(processes)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
-    while not any(f.endswith(".tar") for _, _, fs in os.walk(tmp_path) for f in fs):  # a shard is being staged
+    # a shard is being staged, or (N processes) the samples are measured and the parts planned
+    while not any(f.endswith(".tar") or f == "plan.json" for _, _, fs in os.walk(tmp_path) for f in fs):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.05)
     assert _stages(tmp_path)

@@ -5,8 +5,9 @@ Life of a conversion (nothing under DST's name until the very end):
 1. the output order is fixed: sample ids 0..n-1, or with ``shuffle_seed``
    the keyed permutation of them (order.py: O(1) memory; sources read front
    to back go through a two-pass bucket shuffle giving the same order);
-2. the order is cut into ``processes`` contiguous parts (at multiples of
-   ``max_shard_samples`` when set, so shard boundaries match a 1-process run);
+2. the order is cut into ``processes`` contiguous parts at shard boundaries
+   of a 1-process run, found by measuring every sample first (plan.py), so
+   the shards are those 1 process writes;
    each part is written by its own ShardWriter under ``<stage>/part-NNN/``,
    where the stage is a hidden sibling of DST named by a hash of the
    arguments (``.<name>.convert-<key>``, see resume.py); each finished shard
@@ -57,6 +58,7 @@ from shardfeed.formats.sidecar import SIDECAR_SUFFIX
 from shardfeed.formats.staging import check_destination, publish_stage, remove_stale_stages, stage_path
 from shardfeed.tools.convert.order import BucketShuffle, OutputOrder, bucket_samples_for
 from shardfeed.tools.convert.parts import ConvertResult, write_part_manifest
+from shardfeed.tools.convert.plan import PLAN, load_plan, measure, parts_at, save_plan, shard_ends
 from shardfeed.tools.convert.resume import (
     StageLock,
     append_manifest,
@@ -87,15 +89,23 @@ class ConvertOptions:
     address: str | None = None  # ray: the cluster to join (None: a local instance)
 
 
-def plan_parts(n: int, processes: int, max_shard_samples: int | None) -> list[tuple[int, int]]:
-    """Contiguous [start, stop) ranges of the output order, one per process."""
-    parts = max(1, min(processes, n))
-    unit = max_shard_samples or 1
-    blocks = -(-n // unit)
-    parts = min(parts, max(blocks, 1))
-    cuts = [min(n, (blocks * p // parts) * unit) for p in range(parts + 1)]
-    cuts[-1] = n
-    return [(a, b) for a, b in zip(cuts, cuts[1:]) if b > a] or [(0, 0)]
+def plan_parts(source, order, stage: str, opts: ConvertOptions, n: int) -> list[tuple[int, int]]:
+    """[start, stop) of the output order for each part: ``processes`` parts, or
+    with ``part=(i, N)`` part i of N, cut at a 1-process run's shard boundaries (plan.py)."""
+    count = opts.part[1] if opts.part is not None else opts.processes
+    parts = [(0, n)] if min(count, n) <= 1 else load_plan(stage)
+    if parts is None:
+        workers = max(1, min(opts.processes, os.cpu_count() or 1, n))
+        ranges = [(n * w // workers, n * (w + 1) // workers) for w in range(workers)]
+        if workers == 1:
+            sizes = [measure(source, _batches(source, order, 0, n), opts.format)]
+        else:
+            sizes = _in_pool(_measure_range, [(source, order, a, b, opts.format) for a, b in ranges], lambda x: None)
+        parts = parts_at(shard_ends(np.concatenate(sizes), opts.max_shard_bytes, opts.max_shard_samples), count)
+        save_plan(stage, parts)
+    if opts.part is not None:  # fewer shards than parts: the last parts are empty
+        return [parts[opts.part[0]] if opts.part[0] < len(parts) else (n, n)]
+    return parts
 
 
 def _batches(source, order, a: int, b: int):
@@ -200,6 +210,13 @@ def _run_part(source, order, a, b, part_dir, opts):
     return write_part(source, order, a, b, part_dir, opts, _progress_queue.put)
 
 
+def _measure_range(source, order, a, b, fmt):
+    try:
+        return measure(source, _batches(source, order, a, b), fmt)
+    finally:
+        source.close()
+
+
 def _write_parts(source, order, parts, stage, opts, progress) -> list[tuple[list[ShardInfo], list[str]]]:
     dirs = [os.path.join(stage, f"part-{p:03d}") for p in range(len(parts))]
     if opts.engine == "ray":
@@ -208,12 +225,17 @@ def _write_parts(source, order, parts, stage, opts, progress) -> list[tuple[list
         return write_parts_on_ray(source, order, parts, dirs, opts, progress, write_part)
     if len(parts) == 1:
         return [write_part(source, order, *parts[0], dirs[0], opts, progress)]
+    return _in_pool(_run_part, [(source, order, a, b, d, opts) for (a, b), d in zip(parts, dirs)], progress)
+
+
+def _in_pool(fn, calls: list[tuple], progress) -> list:
+    """``fn(*args)`` for each of ``calls``, one worker process each; results in order."""
     # spawn, not fork: the parent may hold Arrow/numba thread pools, which fork does not copy safely.
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    pool = ctx.Pool(len(parts), initializer=_init_worker, initargs=(q,))
+    pool = ctx.Pool(len(calls), initializer=_init_worker, initargs=(q,))
     try:
-        pending = [pool.apply_async(_run_part, (source, order, a, b, d, opts)) for (a, b), d in zip(parts, dirs)]
+        pending = [pool.apply_async(fn, args) for args in calls]
         while not all(r.ready() for r in pending):
             try:
                 progress(q.get(timeout=0.1))
@@ -254,7 +276,9 @@ def _order(source, stage: str, opts: ConvertOptions, n: int):
 def run_key(source, opts: ConvertOptions, fingerprint: str | None = None) -> str:
     """The hash of everything that decides the output (names the stage a rerun resumes)."""
     what = {k: v for k, v in opts.__dict__.items() if k not in ("overwrite", "engine", "address")}
-    return args_key({"options": what, "source": fingerprint or source.describe(), "samples": len(source)})
+    # layout 2: parts cut at planned shard boundaries; a stage or part of the older cut is never mixed in
+    return args_key({"options": what, "source": fingerprint or source.describe(), "samples": len(source),
+                     "layout": 2})
 
 
 def _assemble(stage: str, results) -> tuple[list[ShardInfo], list[str]]:
@@ -286,6 +310,8 @@ def _assemble(stage: str, results) -> tuple[list[ShardInfo], list[str]]:
     for name in os.listdir(stage):
         if name.startswith("part-") or name == "buckets":
             shutil.rmtree(os.path.join(stage, name))
+    if os.path.exists(os.path.join(stage, PLAN)):
+        os.unlink(os.path.join(stage, PLAN))
     return shards, plan["fields"]
 
 
@@ -312,10 +338,7 @@ def convert(source, dst: str, opts: ConvertOptions, progress: Callable[[int], No
             shards, fields = _assemble(stage, None)
         else:
             order = _order(source, stage, opts, n)
-            parts = plan_parts(n, opts.processes, opts.max_shard_samples)
-            if opts.part is not None:
-                i, count = opts.part
-                parts = [plan_parts(n, count, opts.max_shard_samples)[i]]
+            parts = plan_parts(source, order, stage, opts, n)
             results = _write_parts(source, order, parts, stage, opts, progress)
             shards, fields = _assemble(stage, results)
         for name, text in source.extra_files().items():
