@@ -24,6 +24,7 @@ from shardfeed.cache.lookahead import victim_order
 from shardfeed.formats import ShardError
 
 SIDECAR = ".idx"
+PARTIAL = "r-"  # key prefix of a partial copy (ranges.py)
 NO_SIDECAR = ".noidx"  # marker: the source has no sidecar for this shard (a foreign tar)
 
 
@@ -36,6 +37,10 @@ class CacheLimitError(ShardError):
 
     def __reduce__(self):
         return (type(self), (self.shard, self.reason, self.needed_bytes))
+
+
+class NoRoom(CacheLimitError):
+    """A fetch with headroom found no room now (it does not wait: a prefetch is advice)."""
 
 
 class Budget:
@@ -105,11 +110,14 @@ class Budget:
                 rec[1] = st.st_mtime
         return {k: (b, t) for k, (b, t) in entries.items()}, tmp_bytes, temps
 
-    def make_room_and_create(self, key: str, suffix: str, size: int, url: str, folder: str | None = None) -> str:
+    def make_room_and_create(self, key: str, suffix: str, size: int, url: str, folder: str | None = None,
+                             headroom: int = 0) -> str:
         """A new temporary for ``key`` of ``size`` bytes, within the budget; the
         caller holds ``key``'s fetch lock (or, with ``folder``, writes a
         metadata file there: ``<folder>/<key>.tmp-...``). Rename it into place
-        under ``locked()``."""
+        under ``locked()``. ``headroom``: bytes that must stay free beside it
+        (what the readers may still need, ranged_reads.py); then NoRoom at once
+        rather than a wait, for a fetch nobody waits on (a prefetch)."""
         if size > self.limit_bytes:
             raise CacheLimitError(url, f"shard of {size} bytes does not fit a cache limit of {self.limit_bytes} "
                                        f"bytes; raise limit_bytes to at least {size}", size)
@@ -120,9 +128,11 @@ class Budget:
                 entries, tmp_bytes, temps = self._scan()
                 tmp_bytes -= self._drop_orphans(temps, mine=key)
                 used = tmp_bytes + sum(b for b, _ in entries.values())
-                if used + size > self.limit_bytes:
-                    used -= self._evict(entries, used + size - self.limit_bytes, keep=key)
-                if used + size <= self.limit_bytes:
+                if used + size + headroom > self.limit_bytes:
+                    # a prefetch evicts other ranges only: a whole shard it evicted would be fetched again
+                    used -= self._evict(entries, used + size + headroom - self.limit_bytes, keep=key,
+                                        only=PARTIAL if headroom else "")
+                if used + size + headroom <= self.limit_bytes:
                     tmp = os.path.join(folder or self.data_dir, f"{key}{suffix}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
                     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
                     try:
@@ -134,6 +144,8 @@ class Budget:
                     os.close(fd)
                     self._live = {p for p in self._live if os.path.exists(p)} | {tmp}
                     return tmp
+            if headroom:
+                raise NoRoom(url, f"no room for {size} bytes beside the {headroom} kept for readers", size)
             if time.monotonic() > deadline:
                 held = used
                 raise CacheLimitError(url, f"cannot make room for {size} bytes in a cache limit of "
@@ -168,9 +180,10 @@ class Budget:
                     lock.release()
         return freed
 
-    def _evict(self, entries, need: int, keep: str) -> int:
+    def _evict(self, entries, need: int, keep: str, only: str = "") -> int:
         freed = 0
-        for key in victim_order({k: v for k, v in entries.items() if k != keep}, self._plan()):
+        for key in victim_order({k: v for k, v in entries.items() if k != keep and k.startswith(only)},
+                                self._plan()):
             if freed >= need:
                 break
             pin = FileLock(os.path.join(self.lock_dir, key + ".pin"))

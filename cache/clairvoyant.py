@@ -26,6 +26,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+from shardfeed.cache.budget import NoRoom
 from shardfeed.cache.fetch import Cancelled
 from shardfeed.cache.store import ShardCache
 
@@ -84,7 +85,7 @@ class PlanPrefetcher:
             if total > self.window_bytes and wanted:
                 break
             wanted.add(ref.url)
-            if not self.cache.contains(ref.url, ref.hash):
+            if not self.cache.contains(ref.url, ref.hash, ref.version):
                 todo.append((ref, sidecar))
         with self._cv:
             self._wanted = wanted
@@ -97,7 +98,7 @@ class PlanPrefetcher:
         try:
             if self._stop.is_set() or ref.url not in self._wanted:
                 return  # the consumer moved on before this fetch started
-            self.cache.get(ref.url, ref.hash, ref.size, sidecar=sidecar, cancel=self._stop)
+            self.cache.get(ref.url, ref.hash, ref.size, sidecar=sidecar, cancel=self._stop, version=ref.version)
         except Cancelled:
             pass
         except Exception:  # noqa: BLE001 - see the module docstring
@@ -133,6 +134,7 @@ class SamplePrefetcher(PlanPrefetcher):
     def __init__(self, cache: ShardCache, plan_fn, policy, threads: int = 2):
         self.policy = policy
         self.fetched_samples = 0  # samples this prefetcher brought (for tests and benchmarks)
+        self.skipped = 0  # shards not prefetched: no room beyond what the readers may need
         super().__init__(cache, plan_fn, 0, threads)
 
     def _run(self) -> None:
@@ -149,7 +151,7 @@ class SamplePrefetcher(PlanPrefetcher):
             self.passes += 1
             plan: dict[str, int] = {}
             for ref, step, *_ in list(upcoming) + [(r, s) for r, s, _, _ in near]:
-                key = self.cache.key_for(ref.url, ref.hash)
+                key = self.cache.key_for(ref.url, ref.hash, ref.version)
                 for k in (key, partial_key(key)):
                     if step < plan.get(k, step + 1):
                         plan[k] = step
@@ -165,7 +167,7 @@ class SamplePrefetcher(PlanPrefetcher):
         import os
 
         try:
-            if self._stop.is_set() or ref.url not in self._wanted or self.cache.contains(ref.url, ref.hash):
+            if self._stop.is_set() or ref.url not in self._wanted or self.cache.contains(ref.url, ref.hash, ref.version):
                 return
             local, steps = local
             local = local[steps >= self._step]  # samples of steps the consumer passed: read already
@@ -174,14 +176,17 @@ class SamplePrefetcher(PlanPrefetcher):
             fetcher = self.policy.fetcher
             if not os.path.exists(fetcher.path(ref)) and \
                     self.policy.choose(ref, len(local), count, self.policy.ranges_cost(ref, local)) == "whole":
-                self.cache.get(ref.url, ref.hash, ref.size, sidecar=True, cancel=self._stop)
+                self.cache.get(ref.url, ref.hash, ref.size, sidecar=True, cancel=self._stop, version=ref.version)
                 return
             pin = fetcher.pin(ref)
             try:
-                _, n = fetcher.ensure(ref, local, count, cancel=self._stop)
+                # beyond the room the node's readers may need (else a reader could wait on what it prefetched)
+                _, n = fetcher.ensure(ref, local, count, cancel=self._stop, headroom=max(1, self.policy.headroom))
                 self.fetched_samples += n
             finally:
                 pin.release()
+        except NoRoom:
+            self.skipped += 1  # the readers fetch it themselves when they come to it
         except Cancelled:
             pass
         except Exception:  # noqa: BLE001 - see the module docstring

@@ -69,12 +69,17 @@ class CostModel:
 RESERVE_SHARE = 1 / 32  # of the budget, kept free for ranges in flight and partial copies
 
 
-def range_reserve(limit_bytes: int, total_bytes: int, sidecar_share: float, working_bytes: int) -> int:
+def range_reserve(limit_bytes: int, total_bytes: int, sidecar_share: float, expected_bytes: int,
+                  worst_bytes: int = 0, fixed_bytes: int = 0) -> int:
     """Bytes of the budget kept free of whole shards when the data does not fit
     (ranged_reads.py): a share of the budget, the sidecars of the shards left
-    outside, and what the node's readers hold at once as ranges."""
+    outside and what the node's ranges hold on average (``expected_working``),
+    and never less than what they pin at worst (``range_working``) beside what
+    eviction cannot free: whole shards a reader keeps open are pinned, so they
+    must never hold room a waiting reader needs."""
     outside = max(0.0, 1.0 - limit_bytes / max(1, total_bytes * (1 + sidecar_share)))
-    return int(limit_bytes * RESERVE_SHARE + total_bytes * sidecar_share * outside + working_bytes)
+    usual = limit_bytes * RESERVE_SHARE + total_bytes * sidecar_share * outside + expected_bytes
+    return int(max(usual, worst_bytes + fixed_bytes))
 
 
 def expected_working(total_bytes: int, samples: int, shards: int, batch: int, shards_per_step: int,
@@ -83,3 +88,40 @@ def expected_working(total_bytes: int, samples: int, shards: int, batch: int, sh
     avg = total_bytes / max(1, samples)
     sidecar = sidecar_share * total_bytes / max(1, shards)
     return int(readers * (batch * avg + shards_per_step * sidecar))
+
+
+BLOCK = 4096  # the disk block a sparse partial copy holds whole (ranges.py); the budget counts blocks
+RANGE_MIN_SAMPLE_BYTES = BLOCK  # below this a sample's range costs more disk (its blocks) than its bytes
+
+
+def range_blocks(nbytes: int) -> int:
+    """Most budget bytes a range of ``nbytes`` takes in a partial copy: the blocks it can touch."""
+    return 0 if nbytes <= 0 else ((int(nbytes) - 1) // BLOCK + 2) * BLOCK
+
+
+def range_working(sizes, counts, side_bytes: int, batch: int, readers: int, kept_open: int,
+                  batch_only: bool = False) -> int:
+    """Most budget bytes the node's readers hold pinned as sample ranges while each waits for
+    room (the start check, and the reserve every other fetch leaves free: whole shards and
+    the prefetchers' ranges are admitted only beyond it, so no reader waits on pins alone).
+
+    Each of ``readers`` pins the batch it reads (``batch`` samples, each in the disk blocks
+    its range can touch, never more than the shards' own blocks) and the sidecar of every
+    partial copy it has open (its batch's and the ``kept_open`` between reads, counted by
+    size as the budget does); the room asked for is one range, at most the samples of
+    one shard a batch holds. Ranges in flight are not counted: each is dropped once its
+    request ends, whoever waits. ``batch_only``: what the batches still need beside what
+    the cache holds (their ranges and sidecars, not the kept-open sidecars), the headroom
+    a prefetch leaves free."""
+    import numpy as np
+
+    sizes, counts = np.asarray(sizes, np.int64), np.asarray(counts, np.int64)
+    shards = len(sizes)
+    if shards == 0 or batch <= 0:
+        return 0
+    stride = int(np.max(np.where(counts > 0, -(-sizes // np.maximum(counts, 1)), 0)))
+    per_step = min(batch, shards)
+    content = min(readers * batch * range_blocks(stride), int(np.sum(-(-sizes // BLOCK) * BLOCK)))
+    sidecars = min(shards, readers * (per_step + (0 if batch_only else kept_open))) * int(side_bytes)
+    ask = min(int(sizes.max()), (batch - per_step + 1) * stride)
+    return int(content + sidecars + ask)

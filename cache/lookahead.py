@@ -4,7 +4,9 @@ Each ShardCache publishes the steps at which it will next need each entry
 (its lookahead) as ``lookahead/<owner>.json`` in the cache folder, so the
 process that evicts sees the plans of every process on the node, not only
 its own: with locality dealing each rank needs different shards. All ranks
-take the same steps, so step numbers compare across them. An owner holds a
+take the same steps, so step numbers compare across them. A plan file is
+part of the cache's budget: ``max_bytes`` (set by the Loader to what its
+start check counted for it) bounds it, keeping the nearest steps. An owner holds a
 shared flock on ``<owner>.alive`` while it lives; files of dead owners are
 removed by the next reader.
 
@@ -31,6 +33,7 @@ class SharedLookahead:
         self._alive: FileLock | None = None
         self._alive_pid = -1
         self._seen: dict[str, tuple[int, int, dict]] = {}  # path -> (mtime_ns, size, plan)
+        self.max_bytes: int | None = None  # bound of the published file (the budget counted this much)
 
     def publish(self, plan: dict[str, int]) -> None:
         self.mine = dict(plan)
@@ -45,8 +48,11 @@ class SharedLookahead:
             self._alive_pid = os.getpid()
         path = os.path.join(self.folder, f"{self.owner}.json")
         tmp = f"{path}.tmp"
+        text = json.dumps(self.mine)
+        if self.max_bytes is not None and len(text) > self.max_bytes // 2:  # the old file and the new, at once
+            text = _bounded(self.mine, self.max_bytes // 2)
         with open(tmp, "w") as f:
-            json.dump(self.mine, f)
+            f.write(text)
         os.replace(tmp, path)  # readers see the old plan or the new one, never half of one
 
     def merged(self) -> dict[str, int]:
@@ -99,6 +105,18 @@ class SharedLookahead:
                     pass
             self._alive.release()
         self._alive = None
+
+
+def _bounded(plan: dict[str, int], nbytes: int) -> str:
+    """``plan``'s nearest steps as JSON of at most ``nbytes`` (the farthest entries matter least
+    to eviction: an entry in no plan goes first, as the farthest would)."""
+    out, used = {}, 2
+    for key, step in sorted(plan.items(), key=lambda kv: kv[1]):
+        used += len(json.dumps(key)) + len(str(step)) + 4  # '"key": step, '
+        if used > nbytes:
+            break
+        out[key] = step
+    return json.dumps(out)
 
 
 def victim_order(entries: dict[str, tuple[int, float]], plan: dict[str, int]) -> list[str]:

@@ -14,7 +14,11 @@ is fetched (cost_model.py for the cost):
    the coalesced ranges of the samples needed (``cost(ranges, bytes)``).
 
 Only plain (uncompressed) tar shards with sidecars have sample ranges;
-others are always whole. Once a shard is open as a partial copy, its later
+others are always whole. Ranges are on by default for the global order when
+samples average at least a disk block (``RANGE_MIN_SAMPLE_BYTES``: below it a
+sample's range holds more budget in blocks than its own bytes, and its request
+moves less than a block); ``SHARDFEED_CACHE_RANGES=0`` turns them off, ``=1``
+forces them for any sample size. Once a shard is open as a partial copy, its later
 batches keep reading that copy until the reader closes it.
 
 ``RangedShards`` is CachedShards with ``prepare(ids)`` / ``finish(token)``
@@ -32,17 +36,25 @@ import time
 
 import numpy as np
 
-from shardfeed.cache.cost_model import CostModel, expected_working, range_reserve
+from shardfeed.cache.cost_model import RANGE_MIN_SAMPLE_BYTES, CostModel, expected_working, range_reserve, range_working
 from shardfeed.cache.ranges import RangeFetcher, coalesce, spans
 from shardfeed.cache.reads import CachedShards
 from shardfeed.cache.store import ShardRef
 
 WHOLE, RANGES = "whole", "ranges"
-# Sample ranges are opt-in for now (SHARDFEED_CACHE_RANGES=1): their start check rounds every sample up
-# to a disk block, so with small samples it refuses node budgets the whole-shard check accepts (two ranks
-# at half a 96 x 512 B dataset: 232,609 B asked of 153,600). Benchmarks and tests set it to compare both.
-ENABLED = os.environ.get("SHARDFEED_CACHE_RANGES", "") == "1"
-SIDECAR_SHARE = 0.03  # sidecar bytes per shard byte assumed for the reserve
+# SHARDFEED_CACHE_RANGES: "0" whole shards only, "1" ranges whatever the sample size, unset: use_ranges decides
+ENABLED: bool | None = {"0": False, "1": True}.get(os.environ.get("SHARDFEED_CACHE_RANGES", "").strip())
+SIDECAR_SHARE = 0.03  # sidecar bytes per shard byte assumed where none was measured (shardfeed plan)
+NEAR_STEPS = 2  # steps (the current one first) a rank's prefetcher brings ahead as ranges
+RANGE_THREADS = 2  # a rank's prefetch threads for sample ranges (small requests: latency-bound)
+RANGED_MAX_OPEN = 64  # partial copies a reader keeps open (pinned) between reads: each holds a few ranges
+PLAN_ENTRY_BYTES = 96  # one key's entry in a published lookahead plan (JSON key and step), rounded up
+# a rank's plan file in the budget: its keys (a shard's, and its partial copy's with ranges), twice (the
+# new file is written beside the old one); SharedLookahead.max_bytes keeps it within this
+
+
+def plan_bytes(shards: int, ranged: bool) -> int:
+    return 2 * (2 if ranged else 1) * PLAN_ENTRY_BYTES * min(int(shards), 4096)
 _USED_TTL_S = 0.02  # a budget scan lists the cache folder: reuse its answer this long (other ranks admit too)
 
 _policies: dict[tuple, RangePolicy] = {}
@@ -51,6 +63,15 @@ _mu = threading.Lock()
 
 def rangeable(index, i: int) -> bool:
     return index.formats[i] == "tar" and i not in index.tables
+
+
+def use_ranges(index) -> bool:
+    """Whether misses of ``index``'s shards may come as sample ranges (see the module docstring);
+    a pure function of the index, so the main process and every worker agree."""
+    if ENABLED is not None:
+        return ENABLED
+    n = int(index.num_samples)
+    return n > 0 and int(np.asarray(index.sizes).sum()) / n >= RANGE_MIN_SAMPLE_BYTES
 
 
 class RangePolicy:
@@ -63,35 +84,43 @@ class RangePolicy:
         self.total_bytes = total_bytes
         self._seen_sidecars: dict[str, tuple[int, int]] = {}  # url -> (sidecar bytes, shard bytes)
         self.sidecar_share = SIDECAR_SHARE
-        self.working = 0  # bytes the readers' batches pin at once as ranges and sidecars (working_set)
+        self.working = 0  # bytes the node's ranges pin at once at worst (working_set)
+        self.fixed = 0  # bytes eviction cannot free (mirrored index, plans)
+        self.expected = 0  # bytes the node's ranges hold on average (cost_model.expected_working)
+        self.headroom = 0  # bytes a prefetch leaves free: what the readers' batches may still need
         self._sized()
 
         self._used = (0.0, 0)
         self.decisions = {WHOLE: 0, RANGES: 0}
 
     def _sized(self) -> None:
-        # the reserve holds the sidecars of the shards the budget cannot hold whole, and ranges in flight
+        # the reserve holds what ranges pin at worst (working_set) and what eviction cannot free
         limit, total = self.cache.limit_bytes, self.total_bytes
         seen = list(self._seen_sidecars.values())
         measured = sum(a for a, _ in seen) / max(1, sum(b for _, b in seen)) if seen else 0.0
         self.fits = total * (1 + measured) <= limit * 1.002  # sidecars as measured so far (a budget of exactly all)
-        self.reserve = 0 if self.fits else range_reserve(limit, total, self.sidecar_share, self.working)
+        self.reserve = 0 if self.fits else range_reserve(limit, total, self.sidecar_share, self.expected,
+                                                         self.working, self.fixed)
 
-    def working_set(self, index, samples: int, shards: int, readers: int) -> int:
-        """Bytes ``readers`` batches of ``samples`` samples over ``shards`` shards hold at once
-        as ranges (each rounded up to disk blocks, one more for a range's edges) and sidecars;
-        kept free for them from now on (the reserve)."""
-        avg = self.total_bytes / max(1, index.num_samples)
-        block = 4096
-        sidecar = self.sidecar_share * self.total_bytes / max(1, len(index))
-        # kept free: a shortfall costs an eviction
-        expected = expected_working(self.total_bytes, index.num_samples, len(index), samples, shards, readers,
-                                    self.sidecar_share)
-        if expected > self.working:
-            self.working = expected
+    def working_set(self, index, batch: int, readers: int, ranks: int) -> int:
+        """Most bytes the node's ranges hold pinned at once (cost_model.range_working), ``readers``
+        being every reader of the node and ``ranks`` its ranks (each with a prefetcher); kept
+        free of whole shards from now on (the reserve), with the bytes eviction cannot free."""
+        from shardfeed.cache.reads import entry_bytes
+
+        sizes = np.asarray(index.sizes, np.int64)
+        side = int((entry_bytes(index) - sizes).max()) if len(index) else 0
+        need = range_working(sizes, index.counts, side, batch, readers, RANGED_MAX_OPEN)
+        if need > self.working or not self.fixed:  # the metadata walk once, not at every batch
+            fixed = self.cache.budget.fixed_bytes(plans=False) + ranks * plan_bytes(len(index), True)
+            self.working, self.fixed = max(need, self.working), max(fixed, self.fixed)
+            self.headroom = range_working(sizes, index.counts, side, batch, readers, RANGED_MAX_OPEN, True)
+            # on average: the readers' batches and the prefetchers' windows (NEAR_STEPS a rank)
+            self.expected = max(self.expected, expected_working(
+                self.total_bytes, index.num_samples, len(index), batch * NEAR_STEPS,
+                min(len(index), batch) * NEAR_STEPS, readers, self.sidecar_share))
             self._sized()
-        # pinned at once at worst: the start check, so a batch never waits on its own pins
-        return readers * (samples * (-(-int(avg) // block) * block + block) + shards * (int(sidecar) + block))
+        return need
 
     def observe_sidecar(self, nbytes: int, shard_bytes: int, url: str = "") -> None:
         if url in self._seen_sidecars:
@@ -133,6 +162,11 @@ class RangePolicy:
             self._used = (now, used)
         return used
 
+    def slack(self) -> int:
+        """The part of the reserve dense reuse may take: never what the readers pin at worst
+        (a whole shard a reader keeps open is pinned: room a waiting reader would need)."""
+        return max(0, self.reserve - self.working - self.fixed)
+
     def admit(self, size: int, pending: int = 0) -> bool:
         return self.used() + pending + size + self.reserve <= self.cache.limit_bytes
 
@@ -142,12 +176,14 @@ class RangePolicy:
         size = int(ref.size or 0)
         if self.fits:
             way = WHOLE
-        elif self.admit(size, pending) or (needed * 2 >= count and self.admit(size, pending - self.reserve)):
-            way = WHOLE if self._claim(ref, size, pending - (self.reserve if needed * 2 >= count else 0)) else RANGES
-        elif ranges_cost is None:
-            way = RANGES
+        elif self.admit(size, pending) or (needed * 2 >= count and self.admit(size, pending - self.slack())):
+            way = WHOLE if self._claim(ref, size, pending - (self.slack() if needed * 2 >= count else 0)) else RANGES
+        elif ranges_cost is None or not self.admit(size, pending - self.slack()):
+            way = RANGES  # a whole shard here would take room the readers may need (it stays pinned while open)
+        elif self.cost.cost(1, size) + size / self.cost.bandwidth <= ranges_cost():
+            way = WHOLE if self._claim(ref, size, pending - self.slack()) else RANGES
         else:
-            way = WHOLE if self.cost.cost(1, size) + size / self.cost.bandwidth <= ranges_cost() else RANGES
+            way = RANGES
         if way == WHOLE:
             self._used = (time.monotonic(), self._used[1] + size)  # until the next scan sees it
         self.decisions[way] += 1
@@ -164,7 +200,7 @@ class RangePolicy:
         from shardfeed.cache.locks import FileLock
 
         cache = self.cache
-        key = cache.key_for(ref.url, ref.hash)
+        key = cache.key_for(ref.url, ref.hash, ref.version)
         with FileLock(os.path.join(cache.cache_dir, ".cache.lock")):
             used = self.whole_used()
             if used + pending + size + self.reserve > cache.limit_bytes:
@@ -203,18 +239,20 @@ class RangedShards(CachedShards):
     samples together: none, shard, block); consumed samples' blocks are
     given back (orders that read each sample once per epoch)."""
 
-    def __init__(self, index, spec, url_of=None, ranges: bool = True, readers: int = 1):
+    def __init__(self, index, spec, url_of=None, ranges: bool = True, readers: int = 1, ranks: int = 1):
         super().__init__(index, spec, url_of)
         self.ranges = ranges
         self.punch_consumed = ranges
-        self.readers = max(1, int(readers))
+        self.readers = max(1, int(readers))  # every reader of the node
+        self.ranks = max(1, int(ranks))  # the node's ranks (each with a prefetcher)
+        self._unpunched: list = []  # consumed samples whose punch met a fetch in progress: tried again
         self._partial: set[int] = set()  # shards whose next path_of is their partial copy
         self._kind: dict[int, str] = {}  # shard -> what its open view reads (WHOLE / RANGES)
 
     @property
     def ranged(self) -> bool:
         """Whether misses may come as sample ranges now."""
-        return self.ranges and ENABLED
+        return self.ranges and use_ranges(self.index)
 
     def policy(self) -> RangePolicy:
         return RangePolicy.of(self.spec.open(), self.index)
@@ -227,7 +265,7 @@ class RangedShards(CachedShards):
         policy = self.policy()
         shard, local = self.index.locate(np.asarray(ids, np.int64))
         uniq = np.unique(shard)
-        policy.working_set(self.index, len(ids), len(uniq), self.readers)
+        policy.working_set(self.index, len(ids), self.readers, self.ranks)
         token = []
         pending = 0  # whole shards this read will fetch in path_of
         t0 = time.monotonic()
@@ -236,9 +274,9 @@ class RangedShards(CachedShards):
                 continue
             ref = self.ref(s)
             kind = self._kind.get(s)
-            if kind is None and not cache.contains(ref.url, ref.hash) and os.path.exists(policy.fetcher.path(ref)):
+            if kind is None and not cache.contains(ref.url, ref.hash, ref.version) and os.path.exists(policy.fetcher.path(ref)):
                 self._partial.add(s)  # a partial copy is here (the prefetcher's, or another rank's): use it
-            if kind == WHOLE or (kind is None and s not in self._partial and cache.contains(ref.url, ref.hash)):
+            if kind == WHOLE or (kind is None and s not in self._partial and cache.contains(ref.url, ref.hash, ref.version)):
                 continue  # path_of holds the whole copy and counts it
             mine = local[shard == s]
             count = int(self.index.counts[s])
@@ -259,16 +297,23 @@ class RangedShards(CachedShards):
         return token
 
     def finish(self, token) -> None:
-        policy = self.policy() if token else None
+        policy = self.policy() if token or self._unpunched else None
+        later = []
         for _s, ref, mine, pin in token:
             try:
-                if self.punch_consumed:
-                    path = policy.fetcher.path(ref)
-                    memo = policy.fetcher._tables.get(path + ".idx")
-                    if memo is not None:
-                        policy.fetcher.punch(ref, memo[2], mine)
+                if self.punch_consumed and not self._punch(policy, ref, mine):
+                    later.append((ref, mine))
             finally:
                 pin.release()
+        # a punch skipped (a fetch held the copy) would leave consumed blocks pinned in it for good
+        self._unpunched = [(r, m) for r, m in self._unpunched if not self._punch(policy, r, m)] + later
+
+    @staticmethod
+    def _punch(policy, ref, mine) -> bool:
+        """Give back consumed samples ``mine`` of ``ref``'s partial copy; False when a fetch held it."""
+        path = policy.fetcher.path(ref)
+        memo = policy.fetcher._tables.get(path + ".idx")
+        return memo is None or policy.fetcher.punch(ref, memo[2], mine)
 
     def path_of(self, i: int) -> str:
         if i in self._partial and self._kind.get(i) != WHOLE:

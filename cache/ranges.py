@@ -124,20 +124,20 @@ class RangeFetcher:
                 self.counters[k] += v
 
     def path(self, ref) -> str:
-        return os.path.join(self.cache.data_dir, partial_key(self.cache.key_for(ref.url, ref.hash)))
+        return os.path.join(self.cache.data_dir, partial_key(self.cache.key_for(ref.url, ref.hash, ref.version)))
 
     def pin(self, ref) -> FileLock:
         """A shared pin on ``ref``'s partial copy (release it when done)."""
-        name = partial_key(self.cache.key_for(ref.url, ref.hash))
+        name = partial_key(self.cache.key_for(ref.url, ref.hash, ref.version))
         pin = FileLock(os.path.join(self.cache.lock_dir, name + ".pin"))
         self.cache._add(wait_s=acquire_timed(pin, shared=True))
         return pin
 
-    def table(self, ref, path: str, count: int):
+    def table(self, ref, path: str, count: int, headroom: int = 0):
         """The partial copy's sidecar table (fetched and checked if not here yet); caller holds the fetch lock."""
         side = path + SIDECAR
         if not os.path.exists(side):
-            self._fetch_sidecar(ref, side, count)
+            self._fetch_sidecar(ref, side, count, headroom)
         st = os.stat(side)
         memo = self._tables.get(side)
         if memo is not None and memo[:2] == (st.st_mtime_ns, st.st_size):
@@ -155,12 +155,12 @@ class RangeFetcher:
         self._tables[side] = (st.st_mtime_ns, st.st_size, table)
         return table
 
-    def _fetch_sidecar(self, ref, side: str, count: int) -> None:
+    def _fetch_sidecar(self, ref, side: str, count: int, headroom: int = 0) -> None:
         opts = self.cache.fetch_options
         src = open_source(ref.url + SIDECAR, self.cache.storage_options, opts.stall_s)
         want = _SIDECAR_BASE + _SIDECAR_PER_SAMPLE * int(count)
         key = os.path.basename(side).split(".", 1)[0]
-        tmp = self.cache.budget.make_room_and_create(key, SIDECAR, want, src.url)
+        tmp = self.cache.budget.make_room_and_create(key, SIDECAR, want, src.url, headroom=headroom)
         try:
             t0 = time.monotonic()
             data = with_retries(src.url, "reading it", lambda: _read_upto(src, want), opts)
@@ -172,7 +172,7 @@ class RangeFetcher:
                 if size > 64 * want:
                     raise ShardError(src.url, f"sidecar claims {size} bytes for {count} samples (corrupt)")
                 unlink_quiet(tmp)
-                tmp = self.cache.budget.make_room_and_create(key, SIDECAR, size, src.url)
+                tmp = self.cache.budget.make_room_and_create(key, SIDECAR, size, src.url, headroom=headroom)
                 data = with_retries(src.url, "reading it", lambda: src.read_range(0, size), opts)
                 self._count(sidecar_requests=2)
                 self.cache._add(bytes_fetched=len(data))
@@ -187,9 +187,10 @@ class RangeFetcher:
             unlink_quiet(tmp)
             raise
 
-    def ensure(self, ref, local, count: int, cancel=None) -> tuple[int, int]:
+    def ensure(self, ref, local, count: int, cancel=None, headroom: int = 0) -> tuple[int, int]:
         """Samples ``local`` of shard ``ref`` (of ``count`` samples) present and checked in its
-        partial copy; the caller holds its pin. Returns (samples found there, samples fetched)."""
+        partial copy; the caller holds its pin. Returns (samples found there, samples fetched).
+        ``headroom``: bytes every fetch leaves free (budget.NoRoom, not a wait, without room)."""
         path = self.path(ref)
         local = np.unique(np.asarray(local, np.int64))
         if self._all_present(ref, path, local):  # no lock: a fetch of other samples may be running
@@ -198,7 +199,7 @@ class RangeFetcher:
         lock = FileLock(os.path.join(self.cache.lock_dir, os.path.basename(path) + ".fetch"))
         self.cache._add(wait_s=acquire_timed(lock))
         try:
-            table = self.table(ref, path, count)
+            table = self.table(ref, path, count, headroom)
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             try:
                 if os.fstat(fd).st_size != ref.size:
@@ -207,7 +208,7 @@ class RangeFetcher:
                 missing = [i for i in local.tolist() if not self._present(fd, table, i)]
                 self._count(samples_present=len(local) - len(missing))
                 if missing:
-                    self._fetch(ref, fd, table, np.asarray(missing, np.int64), cancel)
+                    self._fetch(ref, fd, table, np.asarray(missing, np.int64), cancel, headroom)
                     self._count(samples_fetched=len(missing))
             finally:
                 os.close(fd)
@@ -241,17 +242,17 @@ class RangeFetcher:
         buf = os.pread(fd, int(e[0] - s[0]), int(s[0]))
         return len(buf) == e[0] - s[0] and sample_ok(buf, int(s[0]), table, i)
 
-    def _fetch(self, ref, fd: int, table, missing: np.ndarray, cancel) -> None:
+    def _fetch(self, ref, fd: int, table, missing: np.ndarray, cancel, headroom: int = 0) -> None:
         opts = self.cache.fetch_options
         src = open_source(ref.url, self.cache.storage_options, opts.stall_s)
         start, end = spans(table, missing)
-        key = partial_key(self.cache.key_for(ref.url, ref.hash))
+        key = partial_key(self.cache.key_for(ref.url, ref.hash, ref.version))
         for a, b in coalesce(start, end, self.cost.gap_bytes()):
             if cancel is not None and cancel.is_set():
                 from shardfeed.cache.fetch import Cancelled
 
                 raise Cancelled(ref.url)
-            tmp = self.cache.budget.make_room_and_create(key, "", b - a, ref.url)  # room first, by the lookahead
+            tmp = self.cache.budget.make_room_and_create(key, "", b - a, ref.url, headroom=headroom)  # by the lookahead
             try:
                 t0 = time.monotonic()
                 data = with_retries(ref.url, f"reading bytes {a}-{b - 1}", lambda a=a, b=b: src.read_range(a, b),
@@ -271,25 +272,28 @@ class RangeFetcher:
             finally:
                 unlink_quiet(tmp)
 
-    def punch(self, ref, table, local) -> None:
+    def punch(self, ref, table, local) -> bool:
         """Samples ``local`` were consumed: give back every block that holds no other
         sample present in the copy (see the module docstring). Under the copy's
-        fetch lock, so no range is written between the check and the punch."""
+        fetch lock, so no range is written between the check and the punch. False when a
+        fetch holds that lock (never waited for: it may be waiting for room this caller's pins
+        hold); the caller tries again later."""
         path = self.path(ref)
         lock = FileLock(os.path.join(self.cache.lock_dir, os.path.basename(path) + ".fetch"))
         if not lock.acquire(blocking=False):
-            return  # a fetch is writing this copy: give the blocks back another time
+            return False
         try:
             try:
                 fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
             except FileNotFoundError:
-                return
+                return True
             try:
                 self._punch(fd, table, np.unique(np.asarray(local, np.int64)))
             finally:
                 os.close(fd)
         finally:
             lock.release()
+        return True
 
     def _punch(self, fd: int, table, consumed: np.ndarray) -> None:
         every = np.arange(len(table), dtype=np.int64)

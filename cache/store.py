@@ -100,12 +100,12 @@ class ShardCache:
             return "h-" + "".join(c for c in expected_hash.lower() if c in "0123456789abcdef")[:64]
         return "u-" + xxhash.xxh3_128_hexdigest(f"{url}\0{version or ''}".encode())
 
-    def path_for(self, url: str, expected_hash: str | None = None) -> str:
+    def path_for(self, url: str, expected_hash: str | None = None, version: str | None = None) -> str:
         """Where the entry lives once LOCAL (it may not be there yet)."""
-        return os.path.join(self.data_dir, self.key_for(url, expected_hash))
+        return os.path.join(self.data_dir, self.key_for(url, expected_hash, version))
 
-    def contains(self, url: str, expected_hash: str | None = None) -> bool:
-        return os.path.exists(self.path_for(url, expected_hash))
+    def contains(self, url: str, expected_hash: str | None = None, version: str | None = None) -> bool:
+        return os.path.exists(self.path_for(url, expected_hash, version))
 
     def get(self, url: str, expected_hash: str | None = None, size: int | None = None, *,
             sidecar: bool = False, cancel: threading.Event | None = None, version: str | None = None) -> str:

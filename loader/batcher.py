@@ -35,9 +35,6 @@ def _accepts(fn, name: str) -> bool:
         return False
 
 
-RANGED_MAX_OPEN = 64  # shards a reader keeps open when misses come as sample ranges
-
-
 class BatchMaker:
     """Turns a batch's global sample ids into columns (see collate.py)."""
 
@@ -58,6 +55,8 @@ class BatchMaker:
             if not getattr(cached, "keep_open", True):
                 max_open = 0  # a stream's shard sizes are unknown when sized: pins last one read
             if getattr(cached, "ranged", False):
+                from shardfeed.cache.ranged_reads import RANGED_MAX_OPEN
+
                 max_open = max(max_open, RANGED_MAX_OPEN)  # a partial copy pinned open holds a few ranges only
             extra = dict(path_of=cached.path_of, release=cached.release, max_open=max_open)
         self.reader = BatchReader(index, verify=True, skip=self.policy.skip, read_mode=read_mode, **extra)

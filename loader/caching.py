@@ -32,6 +32,7 @@ import numpy as np
 
 from shardfeed.cache import CacheLimitError
 from shardfeed.cache.clairvoyant import PlanPrefetcher
+from shardfeed.cache.ranged_reads import NEAR_STEPS, RANGE_THREADS, plan_bytes
 from shardfeed.cache.reads import CachedShards, entry_bytes, max_entry_bytes
 from shardfeed.cache.simulate import belady_bytes
 
@@ -40,9 +41,6 @@ LOOKAHEAD_SHARDS = 4096  # shards one plan holds (the cache's lookahead)
 SIM_POSITIONS = 1 << 18  # samples of the epoch the thrash estimate simulates (bounds its cost, ~0.3 s)
 THRASH_RATIO = 2.0  # warn when Belady fetches more than this times the bytes the node reads
 PREFETCH_THREADS = 2
-PLAN_ENTRY_BYTES = 64  # one shard's entry in a published lookahead plan (JSON key and step), rounded up
-RANGE_THREADS = 2  # sample ranges are small requests: latency-bound, so more of them in flight
-NEAR_STEPS = 2  # steps (the current one first) the prefetcher brings ahead; their bytes are in the reserve
 
 
 def step_key(epoch: int, step: int) -> int:
@@ -140,10 +138,12 @@ class LoaderCache:
 
                 self.policy = RangePolicy.of(self.spec.open(), self.ds.index)
                 self._check_ranged_budget()
+                self.spec.open().lookahead.max_bytes = plan_bytes(len(self.ds.index), True)  # as counted
                 self.prefetcher = SamplePrefetcher(self.spec.open(), self._plan_samples, self.policy,
                                                    RANGE_THREADS)
             else:
                 window = self._check_budget()
+                self.spec.open().lookahead.max_bytes = plan_bytes(min(len(self.ds.index), LOOKAHEAD_SHARDS), False)
                 if self._first_of_node():
                     self._warn_if_thrashing(self.feed.epoch)
                 self.prefetcher = PlanPrefetcher(self.spec.open(), self._plan, window, PREFETCH_THREADS)
@@ -160,36 +160,33 @@ class LoaderCache:
     def _ranged(self) -> bool:
         """Misses may be fetched as sample ranges: plain tar shards with sidecars, an
         epoch feed (whose plan says which samples come next), a budget below the data."""
-        from shardfeed.cache import ranged_reads
-        from shardfeed.cache.ranged_reads import rangeable
+        from shardfeed.cache.ranged_reads import rangeable, use_ranges
 
         index = self.ds.index
-        return (ranged_reads.ENABLED and self.ds.order.value == "global" and hasattr(self.feed, "plan") and hasattr(self.feed, "batch_size") and len(index)
-                and all(rangeable(index, i) for i in range(len(index))))
+        return bool(use_ranges(index) and self.ds.order.value == "global" and hasattr(self.feed, "plan")
+                    and hasattr(self.feed, "batch_size") and len(index)
+                    and all(rangeable(index, i) for i in range(len(index))))
 
     def _check_ranged_budget(self) -> None:
-        """CacheLimitError now if the node's readers cannot hold their batches' ranges at once
-        (every rank of the node counted, as in ``_check_budget``)."""
-        epoch = self.feed.epoch
-        per_step = self.shards_per_step(epoch)
-        bs = self.feed.batch_size(epoch)
+        """CacheLimitError now if the node's ranges cannot all be pinned at once (every rank
+        and reader of the node counted, as in ``_check_budget``); what they need is then
+        the policy's reserve, kept free of whole shards (RangePolicy.working_set)."""
+        bs = self.feed.batch_size(self.feed.epoch)
         limit = self.spec.limit_bytes
         t = self.ds.topology
         ranks = t.ranks_per_node or t.world_size
         readers = self.readers * ranks  # every rank of the node pins its own
-        plans = ranks * PLAN_ENTRY_BYTES * min(len(self.ds.index), LOOKAHEAD_SHARDS)
-        fixed = self.spec.open().budget.fixed_bytes(plans=False) + plans
+        working = self.policy.working_set(self.ds.index, bs, readers, ranks)
+        fixed = self.policy.fixed
         whole = fixed + int(entry_bytes(self.ds.index).sum())  # all of it fits: nothing is evicted or waited for
-        needed = min(whole, fixed + self.policy.working_set(self.ds.index, bs, per_step, readers) + self.max_shard)
-        # the prefetch window's ranges live in the reserve too (working_set keeps the larger one free)
-        self.policy.working_set(self.ds.index, bs * NEAR_STEPS, per_step * NEAR_STEPS, readers)
+        needed = min(whole, fixed + working)
         if needed > limit:
             raise CacheLimitError(self.spec.cache_dir, f"cache_limit_bytes={limit:,} is below the working set of "
-                                  f"this node: {ranks} rank(s) x {self.readers} reader(s), {bs} samples over "
-                                  f"{per_step} shard(s) per step each, read as sample ranges (each at least a disk "
-                                  f"block) with their sidecars, plus one shard of {self.max_shard:,} bytes being "
-                                  f"fetched and {fixed:,} bytes of index and plans; raise cache_limit_bytes to at "
-                                  f"least {needed:,}, use fewer workers or smaller batches", needed)
+                                  f"this node: {ranks} rank(s) x {self.readers} reader(s), {bs} samples a step "
+                                  f"each and {NEAR_STEPS} steps prefetched per rank, read as sample ranges (in the "
+                                  f"disk blocks they touch) with their sidecars, plus {fixed:,} bytes of index and "
+                                  f"plans; raise cache_limit_bytes to at least {needed:,}, use fewer workers or "
+                                  "smaller batches", needed)
 
     def _plan_samples(self, pos: dict):
         """(upcoming shards, near samples by shard) for SamplePrefetcher."""
@@ -224,7 +221,7 @@ class LoaderCache:
         per_step = [n for n in ranks for _ in range(self.readers)]
         limit = self.spec.limit_bytes
         # what eviction cannot free: the mirrored index and log, and the plans the node's prefetchers publish
-        plans = len(ranks) * PLAN_ENTRY_BYTES * min(len(self.ds.index), LOOKAHEAD_SHARDS)  # at most, at any limit
+        plans = len(ranks) * plan_bytes(min(len(self.ds.index), LOOKAHEAD_SHARDS), False)  # at most, at any limit
         fixed = self.spec.open().budget.fixed_bytes(plans=False) + plans
         whole = fixed + int(entry_bytes(self.ds.index).sum())  # all of it fits: nothing is evicted or waited for
         needed = min(whole, fixed + node_need(limit - fixed, self.max_shard, per_step))

@@ -290,7 +290,7 @@ class ShardDataset(torch.utils.data.IterableDataset):
             ranks = node_ranks(self.topology)  # every rank of the node shares the cache's budget
             # sample ranges for the global order only: the others read each shard's samples together
             cached = RangedShards(self.index, self.cache, self.shard_url, ranges=ranges and self.order is Order.GLOBAL,
-                                  readers=readers * ranks)
+                                  readers=readers * ranks, ranks=ranks)
             readers *= ranks
         maker = BatchMaker(self.index, decode=self.decode if decode is None else decode, transform=self.transform,
                            collate_fn=collate_fn, policy=self.policy, read_mode=self.read_mode, cached=cached,

@@ -88,15 +88,20 @@ def orders(sizes, limit: int, rpn: int, nodes: int) -> list[tuple[str, dict, str
 
 def ranged_epochs(counts, sizes, acc, limit: int, rpn: int, batch_size: int, sidecar_share: float) -> list[int]:
     """Bytes per epoch of shardfeed's cache on the global order's accesses ``acc`` (cache.simulate)."""
-    from shardfeed.cache.cost_model import expected_working, range_reserve
+    from shardfeed.cache.cost_model import expected_working, range_reserve, range_working
+    from shardfeed.cache.ranged_reads import NEAR_STEPS, RANGED_MAX_OPEN
     from shardfeed.cache.simulate import simulate_ranged
 
     total, samples = int(np.sum(sizes)), int(np.sum(counts))
     reserve = 0
     if total * (1 + sidecar_share) > limit * 1.002:  # as RangePolicy: the data does not fit
-        working = expected_working(total, samples, len(sizes), batch_size, min(batch_size, len(sizes)), rpn,
-                                   sidecar_share)
-        reserve = range_reserve(limit, total, sidecar_share, working)
+        # as RangePolicy.working_set, for one reader a rank (a Loader with num_workers=0)
+        per_step = min(batch_size, len(sizes))
+        expected = expected_working(total, samples, len(sizes), batch_size * NEAR_STEPS, per_step * NEAR_STEPS, rpn,
+                                    sidecar_share)
+        side = int(sidecar_share * int(np.max(sizes)))
+        worst = range_working(sizes, counts, side, batch_size, rpn, RANGED_MAX_OPEN)
+        reserve = range_reserve(limit, total, sidecar_share, expected, worst)
     return simulate_ranged(sizes, counts, acc, limit, reserve, sidecar_share).tolist()
 
 

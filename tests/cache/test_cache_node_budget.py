@@ -190,3 +190,38 @@ def test_plain_dataloader_workers_over_one_shard_fail_at_once_with_the_figure(tm
             w._worker_info = None
     assert err.value.needed_bytes == 2 * entry + fixed and f"at least {2 * entry + fixed:,}" in err.value.reason
 
+
+
+def _budget_bytes(folder: str) -> int:
+    """What the budget counts in a cache folder's data: a sparse partial copy by its disk blocks."""
+    data = os.path.join(folder, "data")
+    total = 0
+    for n in os.listdir(data):
+        st = os.stat(os.path.join(data, n))
+        total += st.st_blocks * 512 if n.startswith("r-") and "." not in n else st.st_size
+    return total
+
+
+@pytest.mark.timeout(900)
+def test_ranks_reading_sample_ranges_work_at_the_figure_the_check_names(tmp_path):
+    """Samples of a few disk blocks: misses come as sample ranges by default. The figure the
+    start check names for two ranks is enough (every sample, no reader waiting on pins: the
+    whole shards the cost model would pick and the ranks' prefetch stay out of the room the
+    readers' ranges need), and a byte less is refused at once with the same figure."""
+    root = str(tmp_path / "ds")
+    with ShardWriter(root, max_shard_samples=8) as w:
+        for i in range(192):
+            w.write(labelled_sample(i, 16384))
+    entry = max_entry_bytes(open_index(root))
+    with RangeServer(root) as srv:
+        first = _ranks(tmp_path, srv.url, 2, [3 * entry], "r")
+        least = first[0][0]["needed"]
+        assert {r[0].get("needed") for r in first} == {least} and "sample ranges" in first[0][0]["reason"]
+        assert least < open_index(root).num_bytes // 3  # ranges need far less than whole shards would
+        with DiskWatch(str(tmp_path / "c-s")):
+            again = _ranks(tmp_path, srv.url, 2, [least, least - 1], "s")
+    assert sorted(x for r in again for x in r[0]["keys"]) == [f"{i:08d}" for i in range(192)]
+    assert all(r[0]["s"] < 50 for r in again), [r[0]["s"] for r in again]  # nobody waited out the 60 s timeout
+    assert any(n.startswith("r-") for n in os.listdir(tmp_path / "c-s" / "0" / "data"))  # read as ranges
+    assert _budget_bytes(str(tmp_path / "c-s" / "0")) <= least
+    assert all(r[1].get("needed") == least for r in again)

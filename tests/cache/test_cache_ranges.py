@@ -25,11 +25,11 @@ N, PAYLOAD, PER_SHARD, BATCH = 1024, 16384, 8, 8
 
 
 @pytest.fixture(autouse=True)
-def _ranges_on(monkeypatch):
-    """Sample ranges are opt-in (SHARDFEED_CACHE_RANGES=1); these tests are about them (forked ranks inherit it)."""
+def _default_ranges(monkeypatch):
+    """Samples of 16 KiB: sample ranges by default (no SHARDFEED_CACHE_RANGES override)."""
     from shardfeed.cache import ranged_reads
 
-    monkeypatch.setattr(ranged_reads, "ENABLED", True)
+    monkeypatch.setattr(ranged_reads, "ENABLED", None)
 
 
 @pytest.fixture(scope="module")

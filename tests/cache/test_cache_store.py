@@ -208,3 +208,22 @@ def test_cache_error_survives_pickling():
 
     err = pickle.loads(pickle.dumps(CacheLimitError("/c", "too small", 123)))
     assert (err.shard, err.reason, err.needed_bytes) == ("/c", "too small", 123)
+
+
+def test_published_plan_stays_within_what_the_budget_counted(tmp_path):
+    """A lookahead plan file lies in the cache's budget: with max_bytes set (the Loader sets
+    what its start check counted), the file (and the one written beside it) stays within
+    it, keeping the nearest steps, which are what eviction needs most."""
+    from shardfeed.cache.lookahead import SharedLookahead
+
+    la = SharedLookahead(str(tmp_path / "lookahead"))
+    la.max_bytes = 4000
+    plan = {ShardCache.key_for(f"http://x/s{i}.tar", f"{i:064x}"): 10 ** 9 + 3000 - i for i in range(3000)}
+    la.publish(plan)
+    files = [p for p in (tmp_path / "lookahead").iterdir() if p.suffix == ".json"]
+    assert len(files) == 1 and 1000 < files[0].stat().st_size <= 2000
+    import json
+
+    kept = json.loads(files[0].read_text())
+    assert sorted(kept.values()) == sorted(plan.values())[:len(kept)]  # the nearest steps
+    assert la.mine == plan  # this process still evicts by all of it

@@ -33,6 +33,8 @@ SETUPS = {  # samples, payload bytes, epochs, link bytes/s, latency s, batch, co
     "full": (2048, 32 << 10, 3, 100e6, 0.020, 16, 0.010),
     "quick": (512, 8 << 10, 2, 100e6, 0.020, 8, 0.005),
 }
+GRID_F, GRID_RANKS = (0.25, 0.5, 0.75, 1.0), (1, 2, 4)
+GRID_COLUMNS = ["f", "ranks", "x_dataset", "bound_x", "predicted_x", "requests", "stall", "note"]
 COLUMNS = ["reader", "epoch", "bytes_fetched", "x_dataset", "bound_x", "requests", "epoch_s", "stall",
            "classes_per_batch", "note"]
 CLASSES = 10
@@ -48,6 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-fraction", type=float, default=0.5, metavar="F",
                         help="cache limit as a fraction of the dataset (default %(default)s)")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    parser.add_argument("--grid", action="store_true",
+                        help=f"also shardfeed at cache fractions {GRID_F} x {GRID_RANKS} ranks on one node, with "
+                             "`shardfeed plan`'s prediction (grid.md; several minutes)")
 
 
 def write_dataset(root: str, samples: int, payload: int) -> None:
@@ -64,7 +69,8 @@ def _shardfeed(url, cache_dir, limit, epochs, batch, compute_s, srv, whole_only:
     from shardfeed.cache import ranged_reads
     from shardfeed.loader import Loader, ShardDataset
 
-    ranged_reads.ENABLED = not whole_only
+    was = ranged_reads.ENABLED
+    ranged_reads.ENABLED = False if whole_only else was  # as it is: the default (or SHARDFEED_CACHE_RANGES)
     rows = []
     try:
         ds = ShardDataset(url, shuffle="global", seed=0, cache_dir=cache_dir, cache_limit_bytes=limit)
@@ -81,9 +87,98 @@ def _shardfeed(url, cache_dir, limit, epochs, batch, compute_s, srv, whole_only:
                                  epoch_s=time.perf_counter() - t0, stall=st["stall_fraction"],
                                  classes_per_batch=float(np.mean(classes)), note=""))
     finally:
-        ranged_reads.ENABLED = True
+        ranged_reads.ENABLED = was
         ranged_reads._policies.clear()
     return rows
+
+
+def _grid_rank(url, cache_dir, limit, rank, world, epochs, batch, compute_s, barrier, out) -> None:
+    from shardfeed.cache import CacheLimitError
+    from shardfeed.loader import Loader, ShardDataset
+
+    stalls = []
+    try:
+        ds = ShardDataset(url, shuffle="global", seed=0, cache_dir=cache_dir, cache_limit_bytes=limit, rank=rank,
+                          world_size=world)
+        with Loader(ds, batch) as loader:
+            for epoch in range(epochs):
+                loader.set_epoch(epoch)
+                for _ in loader:
+                    time.sleep(compute_s)
+                stalls.append(loader.stats()["epoch"]["stall_fraction"])
+                barrier.wait()  # the node's epoch is over: the parent reads the server's counters
+                barrier.wait()
+        out.put((rank, stalls, ""))
+    except CacheLimitError as e:
+        barrier.abort()
+        out.put((rank, stalls, f"refused at start: needs {e.needed_bytes:,} bytes"))
+
+
+def grid(setup, root: str, data: int, sidecars: int, work: str) -> list[dict]:
+    """shardfeed over GRID_F x GRID_RANKS (ranks of one node, forked): epochs after the first, by the server."""
+    import multiprocessing as mp
+    import threading
+
+    from shardfeed.tools.bench.throttled_http import ThrottledServer
+
+    samples, payload, epochs, rate, latency, batch, compute_s = setup
+    rows = []
+    ctx = mp.get_context("fork")
+    for f in GRID_F:
+        limit = int(f * (data + sidecars)) + (64 << 10) * (f >= 1.0)  # all of it: room for the index and plans
+        for world in GRID_RANKS:
+            with ThrottledServer(root, rate, latency) as srv:
+                barrier, out = ctx.Barrier(world + 1), ctx.Queue()
+                cache_dir = os.path.join(work, f"g-{f}-{world}")
+                procs = [ctx.Process(target=_grid_rank, args=(srv.url, cache_dir, limit, r, world, epochs, batch,
+                                                              compute_s, barrier, out)) for r in range(world)]
+                for p in procs:
+                    p.start()
+                per_epoch, reqs, before, note = [], [], (0, 0), ""
+                try:
+                    for _ in range(epochs):
+                        barrier.wait(timeout=600)
+                        now = (srv.bytes_sent, srv.requests)
+                        per_epoch.append(now[0] - before[0])
+                        reqs.append(now[1] - before[1])
+                        before = now
+                        barrier.wait(timeout=600)
+                except threading.BrokenBarrierError:
+                    note = "refused"
+                results = [out.get(timeout=120) for _ in procs]
+                for p in procs:
+                    p.join(timeout=60)
+                note = next((n for _, _, n in results if n), note)
+                predicted = _predicted(srv.url, os.path.join(work, f"p-{f}-{world}"), limit, world, batch, epochs)
+            later = per_epoch[1:]
+            stall = [s for _, st, _ in results for s in st[1:]]
+            rows.append(dict(f=f, ranks=world, x_dataset=float(np.mean(later)) / data if later else "",
+                             bound_x=1.1 * (1 - f), predicted_x=predicted / data if predicted is not None else "",
+                             requests=float(np.mean(reqs[1:])) if later else "",
+                             stall=float(np.mean(stall)) if stall else "", note=note))
+            print(" | ".join(_fmt(rows[-1][k]) for k in GRID_COLUMNS), flush=True)
+    return rows
+
+
+def _predicted(url, cache_dir, limit, world, batch, epochs) -> float | None:
+    """`shardfeed plan URL --json`'s mean bytes of the epochs after the first, for shardfeed's policy."""
+    import argparse
+    import contextlib
+    import io
+    import json
+
+    from shardfeed.tools import plan
+
+    p = argparse.ArgumentParser()
+    plan.add_arguments(p)
+    args = p.parse_args([url, "--cache-limit", str(limit), "--world-size", str(world), "--batch-size", str(batch),
+                         "--epochs", str(epochs), "--seed", "0", "--json", "--cache-dir", cache_dir])
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        if plan.main(args) != 0:
+            return None
+    row = [r for r in json.loads(text.getvalue())["rows"] if r["order"] == "global" and r["policy"] == "shardfeed"]
+    return float(np.mean(row[0]["epochs"][1:])) if row and row[0]["epochs"] else None
 
 
 def _peer_missing(module: str) -> str | None:
@@ -92,7 +187,7 @@ def _peer_missing(module: str) -> str | None:
     return None if importlib.util.find_spec(module) is not None else "not installed"
 
 
-def run(setup, fraction: float, out: str, plot: bool = True) -> list[dict]:
+def run(setup, fraction: float, out: str, plot: bool = True, with_grid: bool = False) -> list[dict]:
     from shardfeed.formats import open_index
     from shardfeed.tools.bench.throttled_http import ThrottledServer
 
@@ -126,6 +221,13 @@ def run(setup, fraction: float, out: str, plot: bool = True) -> list[dict]:
                               epoch_s="", stall="", classes_per_batch="",
                               note=why or "installed, not wired into this benchmark yet"))
         os.makedirs(out, exist_ok=True)
+        if with_grid:
+            rows = grid(setup, root, data, sidecars, work)
+            lines = ["| " + " | ".join(GRID_COLUMNS) + " |", "|" + "---|" * len(GRID_COLUMNS)]
+            lines += ["| " + " | ".join(_fmt(r[k]) for k in GRID_COLUMNS) + " |" for r in rows]
+            with open(os.path.join(out, "grid.md"), "w") as f:
+                f.write("Epochs after the first (bytes / dataset, by the server); predicted: `shardfeed plan`.\n\n"
+                        + "\n".join(lines) + "\n")
         _write(table, out, dict(samples=samples, payload=payload, data=data, sidecars=sidecars, limit=limit,
                                 fraction=fraction, rate=rate, latency=latency, batch=batch, compute_s=compute_s,
                                 epochs=epochs), plot)
@@ -192,5 +294,5 @@ def main(args: argparse.Namespace) -> int:
     if not 0 < args.cache_fraction <= 1:
         print(f"bench remote: --cache-fraction {args.cache_fraction} must be in (0, 1]", file=sys.stderr)
         return 2
-    run(setup, args.cache_fraction, args.out, plot=not args.no_plot)
+    run(setup, args.cache_fraction, args.out, plot=not args.no_plot, with_grid=getattr(args, "grid", False))
     return 0

@@ -53,7 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--epochs", type=int, default=5, help="training epochs")
     p.add_argument("--eval-samples", type=int, default=1000, help="labelled images in the held-out set")
     p.add_argument("--stream-samples", type=int, default=1500, help="images the ingest process publishes")
-    p.add_argument("--cache-fraction", type=float, default=0.9, help="cache limit as a share of the dataset's bytes (2 ranks x 32 shards a global step need ~86%% here)")
+    p.add_argument("--cache-fraction", type=float, default=0.75, help="cache limit as a share of the dataset's bytes (misses come as sample ranges; with whole shards only, 2 ranks x 32 shards a global step need ~86%% here)")
     p.add_argument("--no-train", action="store_true", help="stop after reading the shards back")
     p.add_argument("--no-baseline", action="store_true", help="skip the --shuffle none comparison run")
 

@@ -1,0 +1,46 @@
+"""Ranged reads of an S3 object (moto's real server): every range after the first asks for
+the first one's ETag (If-Match), so an object rewritten between two ranges is refused with
+an error naming it, never stitched from two versions."""
+
+from __future__ import annotations
+
+import pytest
+
+from cache_servers import s3_options
+from shardfeed.cache.sources import open_source
+from shardfeed.formats import ShardError
+
+
+@pytest.fixture(scope="module")
+def moto_endpoint():
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    _, port = server.get_host_and_port()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+def _client(endpoint):
+    import boto3
+
+    return boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing", aws_secret_access_key="testing",
+                        region_name="us-east-1")
+
+
+@pytest.mark.timeout(120)
+def test_object_rewritten_between_ranges_is_refused(moto_endpoint):
+    s3 = _client(moto_endpoint)
+    s3.create_bucket(Bucket="ranges")
+    old, new = bytes(range(256)) * 64, bytes(reversed(range(256))) * 64
+    s3.put_object(Bucket="ranges", Key="s.tar", Body=old)
+    src = open_source("s3://ranges/s.tar", s3_options(moto_endpoint), 10.0)
+    assert src.read_range(0, 1000) == old[:1000]
+    assert src.read_range(4000, 5000) == old[4000:5000]  # same object: same ETag, served
+    s3.put_object(Bucket="ranges", Key="s.tar", Body=new)  # rewritten between two ranges
+    with pytest.raises(ShardError, match="changed on the source while it was read in ranges") as err:
+        src.read_range(1000, 2000)
+    assert "s3://ranges/s.tar" in str(err.value)
+    fresh = open_source("s3://ranges/s.tar", s3_options(moto_endpoint), 10.0)  # a new read sees the new object
+    assert fresh.read_range(1000, 2000) == new[1000:2000]
