@@ -38,7 +38,7 @@ import subprocess
 import tempfile
 import time
 
-from shardfeed.tools.bench.soak_procs import DATA_FS_BYTES, WORLD, latest_checkpoint, rank_main, writer_main
+from shardfeed.tools.bench.soak_procs import WORLD, data_fs_bytes, latest_checkpoint, rank_main, writer_main
 from shardfeed.tools.bench.soak_report import report
 from shardfeed.tools.text import plural
 
@@ -109,9 +109,12 @@ class _Run:
         from shardfeed.formats.commit_log import LOG_DIR
 
         self.kinds, self.mounted, self.filler, self.samples, self.enospc_writers = KINDS, False, None, [], 0
+        self.fs_bytes = None
         if getattr(args, "disk_faults", False):
             os.makedirs(self.root)
-            self.mounted = _mount_tmpfs(self.root, DATA_FS_BYTES)
+            minutes = 0.5 if getattr(args, "quick", False) else args.minutes
+            self.fs_bytes = data_fs_bytes(minutes, args.rate)
+            self.mounted = _mount_tmpfs(self.root, self.fs_bytes)
             if not self.mounted:  # never fill a disk other processes share
                 raise RuntimeError("bench soak --disk-faults: could not mount a tmpfs for the dataset (needs "
                                    "root); run without --disk-faults")

@@ -16,7 +16,17 @@ import os
 import time
 
 WORLD = 2  # ranks of the soak's job
-DATA_FS_BYTES = 256 << 20  # the dataset's own tmpfs under --disk-faults (where it can be mounted)
+DATA_FS_BYTES = 256 << 20  # the smallest tmpfs of the dataset under --disk-faults (where it can be mounted)
+# what one published sample takes on disk at most: its ~2.3 KiB in the tar (a 512-byte header per
+# member), its sidecar row and its share of the commit entry. A tmpfs holds only what is written,
+# so sizing it for the whole run costs memory only while the full-disk fault fills it
+SAMPLE_DISK_BYTES = 4 << 10
+
+
+def data_fs_bytes(minutes: float, rate: float) -> int:
+    """The dataset's tmpfs: room for what the writer publishes in the run twice over, so the
+    only full disk is the one the schedule injects (a 30-minute run at 100/s outgrew 256 MiB)."""
+    return max(DATA_FS_BYTES, int(2 * minutes * 60 * rate * SAMPLE_DISK_BYTES))
 KEY_FMT = "g{gen:03d}-{i:07d}"
 
 

@@ -9,7 +9,7 @@ import argparse
 import json
 import os
 
-from shardfeed.tools.bench.soak_procs import DATA_FS_BYTES, WORLD, latest_checkpoint
+from shardfeed.tools.bench.soak_procs import WORLD, latest_checkpoint
 from shardfeed.tools.text import plural
 
 
@@ -76,7 +76,7 @@ def report(r, args, minutes: float) -> dict:
            "faults": {k: sum(f["kind"] == k for f in r.faults) for k in r.kinds}, "survived": survived,
            "job_restarts": r.restarts, "writers": r.gen + 1, "worker_errors": worker_errors,
            "checkpoints_in_chain": len(chain), "audit_exit": rc, "errors": errors}
-    out["disk"] = {"data_tmpfs": r.mounted, "data_fs_bytes": DATA_FS_BYTES if r.mounted else None,
+    out["disk"] = {"data_tmpfs": r.mounted, "data_fs_bytes": r.fs_bytes if r.mounted else None,
                    "writers_restarted_after_enospc": r.enospc_writers}
     if r.samples:
         rss, data = ([x[k] for x in r.samples] for k in ("rss", "data_bytes"))
