@@ -71,7 +71,7 @@ class Keys(Sequence):
             return self.tolist() == list(other)
         return NotImplemented
 
-    __hash__ = None  # mutable-free but compared by value, like a list
+    __hash__ = None  # compared by value like a list, so not hashable either
 
     def __repr__(self) -> str:
         return f"Keys({len(self)} keys)"
