@@ -39,7 +39,7 @@ import tempfile
 import time
 
 from shardfeed.tools.bench.soak_procs import WORLD, data_fs_bytes, latest_checkpoint, rank_main, writer_main
-from shardfeed.tools.bench.soak_report import report
+from shardfeed.tools.bench.soak_report import keep_records, report
 from shardfeed.tools.text import plural
 
 KINDS = ("worker", "writer", "rank")
@@ -359,6 +359,9 @@ def main(args) -> int:
         try:
             try:
                 _drive(r, args, minutes, every_s)
+            except RuntimeError:
+                keep_records(r.run, args.out)  # the messages name records in tmp, removed on the way out
+                raise
             finally:
                 r.stop_job()
                 if r.writer is not None:

@@ -54,11 +54,29 @@ class HttpFaults:
         row["reader_rss"] = rss([self.reader.pid] if self.reader is not None and self.reader.exitcode is None else [])
         row["cache_bytes"] = du(self.cache)
 
-    def finish(self, timeout_s: float) -> None:
+    def finish(self, timeout_s: float, idle_s: float = 60.0) -> None:
+        """Wait for the follower to reach the end: ``timeout_s``, then for as long as it still
+        delivers (a follower behind a 30-minute writer drains a backlog after the job has), and
+        give up only after ``idle_s`` without a new key, saying how far it got."""
         self.reader.join(max(1.0, timeout_s))
+        seen = self._delivered()
+        while self.reader.exitcode is None:
+            self.reader.join(idle_s)
+            now = self._delivered()
+            if now == seen:
+                break
+            seen = now
         if self.reader.exitcode != 0:
             raise RuntimeError(f"bench soak: the remote reader did not finish the stream (exit "
-                               f"{self.reader.exitcode}); see {self.run}")
+                               f"{self.reader.exitcode}; {seen:,} keys delivered, none new in {idle_s:g} s); "
+                               f"see {self.run}")
+
+    def _delivered(self) -> int:
+        try:
+            with open(self.keys, "rb") as f:
+                return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+        except FileNotFoundError:
+            return 0
 
     def close(self) -> None:
         if self.reader is not None and self.reader.exitcode is None:

@@ -88,3 +88,13 @@ def report(r, args, minutes: float) -> dict:
             "series": [{k: x[k] for k in ("t", "rss", "procs", "data_bytes", "reader_rss", "cache_bytes") if k in x}
                        for x in r.samples]}
     return out
+
+
+def keep_records(run: str, out: str) -> None:
+    """Copy a failed run's records (keys delivered, error files, checkpoints' audit) to ``out``."""
+    import shutil
+
+    dst = os.path.join(out, "failed-run")
+    shutil.rmtree(dst, ignore_errors=True)
+    shutil.copytree(run, dst, ignore=shutil.ignore_patterns("*.pt"), dirs_exist_ok=True)
+    print(f"soak: the failed run's records are kept in {dst}", flush=True)
