@@ -13,13 +13,9 @@ job), so ranks agree without messages and resume is exact:
   is repeated (the next source-epoch has a fresh permutation); one with more
   is sub-sampled, and the next epoch continues where this one stopped, so
   every sample comes before any repeats.
-- The epoch's global stream of ``N = sum(counts)`` positions interleaves the
-  sources by Webster / Sainte-Lague apportionment: the k-th item of source
-  ``i`` sorts at ``(2k+1) / counts[i]`` (ties: lower source first). Every
-  prefix of length ``t`` holds ``t * counts[i] / N`` items of source ``i``
-  within +-1 per source, so no source comes in runs. An item's position has
-  a closed form (``_ranks``), so a range of positions is computed without
-  materialising the epoch.
+- The epoch's global stream interleaves the sources by Webster / Sainte-Lague
+  apportionment, every prefix within +-1 item per source of its share, each
+  position in closed form (shuffling/mixture_plans.py says how).
 - The stream is dealt to ranks like the follow feed's global batches:
   global batch ``g`` is positions ``[g*G, (g+1)*G)`` with ``G`` the sum of
   the batch sizes, rank ``r`` takes its slice; the last short batch is split
