@@ -69,3 +69,27 @@ def test_the_data_tmpfs_holds_the_run_twice_over():
     thirty_at_100 = data_fs_bytes(30, 100)
     assert thirty_at_100 >= 2 * 30 * 60 * 100 * SAMPLE_DISK_BYTES
     assert thirty_at_100 > 256 * 2**20  # the 30-minute run at 100/s outgrew 256 MiB
+
+
+def test_server_faults_are_never_stacked_on_one_kind_of_file(tmp_path):
+    import urllib.error
+    import urllib.request
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "entry.json").write_text("{}")
+    faults = HttpFaults(str(tmp_path), str(tmp_path / "run"))
+    try:
+        assert [faults.inject(k) for k in ("http503", "http500", "reset")] == [".json", ".tar", ".idx"]
+        # a reader that has requested nothing yet: every kind of file holds a fault it has not met
+        assert faults.inject("stall") is None
+        statuses = []
+        for _ in range(4):
+            try:
+                with urllib.request.urlopen(f"{faults.server.url}/entry.json", timeout=10) as r:
+                    statuses.append(r.status)
+            except urllib.error.HTTPError as e:
+                statuses.append(e.code)
+        assert statuses == [503, 503, 503, 200]  # the fault as named: 3 answers, then the object
+        assert faults.inject("stall") == ".json"  # met: the next fault goes where there is room
+    finally:
+        faults.server.__exit__(None, None, None)

@@ -189,6 +189,8 @@ class _Run:
             return self._fill_disk()
         if self.http is not None and kind in self.http_kinds():
             on = self.http.inject(kind)
+            if on is None:
+                return False  # the reader has not met the faults armed so far: try again shortly
             self.faults.append({"kind": kind, "time": time.time(), "job": self.job, "writer": self.gen,
                                 "rank": None, "on": on})
             return True

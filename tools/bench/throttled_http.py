@@ -140,6 +140,11 @@ class ThrottledServer(ThreadingHTTPServer):
         with self._mu:
             self.faults.append([kind, suffix, int(times)])
 
+    def pending(self, suffix: str) -> bool:
+        """Whether a fault armed on ``suffix`` has answers left to give."""
+        with self._mu:
+            return any(f[1] == suffix and f[2] > 0 for f in self.faults)
+
     def take_fault(self, request_path: str) -> str | None:
         with self._mu:
             for f in self.faults:
