@@ -181,12 +181,6 @@ def _predicted(url, cache_dir, limit, world, batch, epochs) -> float | None:
     return float(np.mean(row[0]["epochs"][1:])) if row and row[0]["epochs"] else None
 
 
-def _peer_missing(module: str) -> str | None:
-    import importlib.util
-
-    return None if importlib.util.find_spec(module) is not None else "not installed"
-
-
 def run(setup, fraction: float, out: str, plot: bool = True, with_grid: bool = False) -> list[dict]:
     from shardfeed.formats import open_index
     from shardfeed.tools.bench.throttled_http import ThrottledServer
@@ -215,11 +209,9 @@ def run(setup, fraction: float, out: str, plot: bool = True, with_grid: bool = F
             for r in rows:
                 x = r["bytes_fetched"] / data if r["bytes_fetched"] != "" else ""
                 table.append(dict(r, reader=name, x_dataset=x, bound_x=bound))
-        for name, module in (("MosaicML Streaming", "streaming"), ("LitData", "litdata")):
-            why = _peer_missing(module)
-            table.append(dict(reader=name, epoch="", bytes_fetched="", x_dataset="", bound_x=bound, requests="",
-                              epoch_s="", stall="", classes_per_batch="",
-                              note=why or "installed, not wired into this benchmark yet"))
+        from shardfeed.tools.bench import remote_peers  # the peers read S3 through the same shaped link
+
+        table += remote_peers.rows(setup, root, data, limit, bound, work)
         os.makedirs(out, exist_ok=True)
         if with_grid:
             rows = grid(setup, root, data, sidecars, work)
@@ -269,7 +261,8 @@ def _write(table, out, info, plot) -> None:
         for k, name in enumerate(readers):
             rs = [r for r in table if r["reader"] == name]
             rs = [r for r in rs if r["x_dataset"] != ""]
-            ax.bar(np.arange(len(rs)) + k * 0.4, [r["x_dataset"] for r in rs], 0.4, label=name)
+            width = 0.8 / len(readers)
+            ax.bar(np.arange(len(rs)) + k * width, [r["x_dataset"] for r in rs], width, label=name)
         ax.axhline(1.1 * (1 - info["fraction"]), color="k", ls="--", lw=1, label="1.1 x (1 - f)")
         ax.set_xlabel("epoch")
         ax.set_ylabel("bytes fetched / dataset")
