@@ -6,7 +6,8 @@
 #    numpy < 2.2 and its package imports torchvision, which cannot load beside
 #    the CPU torch wheel. That venv gets the exact torch of .venv (never a CUDA
 #    build), numpy < 2.2, Streaming without its declared dependencies (cloud
-#    SDKs, torchvision) plus the ones its readers and writers import, and
+#    SDKs, torchvision) plus the ones its readers and writers import (boto3 too:
+#    `bench remote` has it read s3://, it has no http downloader), and
 #    shardfeed itself (editable, no dependencies) for the benchmark's child
 #    process. `bench compare` runs Streaming's passes with that venv's python.
 #
@@ -47,7 +48,7 @@ if { [ -x "$PPY" ] || python3 -m venv "$PEERS_VENV"; } &&
    "$PPY" "${PIP[@]}" -c "$CONSTRAINTS" "torch==$TORCH_VERSION" "numpy<2.2" &&
    "$PPY" "${PIP[@]}" --no-deps "mosaicml-streaming==0.13.0" &&
    "$PPY" "${PIP[@]}" -c "$CONSTRAINTS" "numpy<2.2" brotli "python-snappy<1" "zstd<2" "catalogue<3" filelock \
-       pillow "xxhash<4" "tqdm<5" "transformers<5" &&
+       pillow "xxhash<4" "tqdm<5" "transformers<5" "boto3<2" &&
    "$PPY" "${PIP[@]}" --no-deps -e .; then
     :
 else

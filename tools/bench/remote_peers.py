@@ -131,43 +131,62 @@ def child(job_json: str) -> None:
     print(RESULT + json.dumps(out), flush=True)
 
 
-def _child(job: dict) -> dict:
-    lib, mode, n = job["lib"], job["mode"], job.get("samples", 0)
-    if mode == "write" and lib == "streaming":
+def _write(job: dict) -> None:
+    n = job["samples"]
+    if job["lib"] == "streaming":
         mds_writer, _ = _streaming()
-        limit = PER_SHARD * (job["payload"] + 64)
         with mds_writer(out=job["folder"], columns={"key": "str", "cls": "int", "bin": "bytes"},
-                        size_limit=limit) as w:
+                        size_limit=PER_SHARD * (job["payload"] + 64)) as w:
             for i in range(n):
                 w.write(_sample(job["npy"], i, n))
-    elif mode == "write":
+    else:
         from litdata import optimize
         optimize(fn=_lit_item, inputs=[(job["npy"], i, n) for i in range(n)], output_dir=job["folder"],
                  chunk_size=PER_SHARD, num_workers=1)
-    elif lib == "streaming":
+
+
+def _upload(job: dict) -> str:
+    """The written folder to the bucket, straight to moto (not through the link: not counted)."""
+    import boto3
+
+    c = boto3.client("s3", endpoint_url=job["direct"])  # keys and region: the environment (s3_link.env)
+    for dirpath, _, files in os.walk(job["folder"]):
+        for name in sorted(files):
+            path = os.path.join(dirpath, name)
+            c.upload_file(path, job["bucket"], job["lib"] + "/" + os.path.relpath(path, job["folder"]))
+    return f"s3://{job['bucket']}/{job['lib']}"
+
+
+def _child(job: dict) -> dict:
+    """Write with the library's own writer, upload, then read for job["epochs"] epochs."""
+    if job["lib"] == "streaming":
+        _streaming()  # an import failure is "skipped" before anything is written
+    else:
+        import litdata  # noqa: F401
+    _write(job)
+    own = _size(job["folder"])
+    url = _upload(job)
+    if job["lib"] == "streaming":
         _, streaming_dataset = _streaming()
         from streaming.base.util import clean_stale_shared_memory
         from torch.utils.data import DataLoader
         clean_stale_shared_memory()
-        ds = streaming_dataset(remote=job["url"], local=job["cache"], shuffle=True, shuffle_seed=0,
+        ds = streaming_dataset(remote=url, local=job["cache"], shuffle=True, shuffle_seed=0,
                                batch_size=job["batch"], cache_limit=job["limit"])
-        return {"status": "ok", "rows": _epochs(DataLoader(ds, batch_size=job["batch"], num_workers=0,
-                                                           collate_fn=_classes), job)}
+        loader = DataLoader(ds, batch_size=job["batch"], num_workers=0, collate_fn=_classes)
     else:
         from litdata import StreamingDataLoader, StreamingDataset
         from litdata.streaming import downloader
 
-        from shardfeed.tools.bench.s3_link import KEYS
         # LitData builds its obstore S3Store without allow_http, so every chunk GET from an http:// endpoint
         # fails ("builder error"); a real S3 endpoint is https and needs none of this
         options = getattr(downloader, "_OBSTORE_CLIENT_OPTIONS", None)
         if isinstance(options, dict):
             options["allow_http"] = "true"
-        ds = StreamingDataset(job["url"], cache_dir=job["cache"], shuffle=True, seed=0, max_cache_size=job["limit"],
-                              storage_options=dict(KEYS, endpoint_url=job["endpoint"]))
-        return {"status": "ok", "rows": _epochs(StreamingDataLoader(ds, batch_size=job["batch"], num_workers=0,
-                                                                    collate_fn=_classes), job)}
-    return {"status": "ok"}
+        ds = StreamingDataset(url, cache_dir=job["cache"], shuffle=True, seed=0, max_cache_size=job["limit"],
+                              storage_options=dict(job["keys"], endpoint_url=job["endpoint"]))
+        loader = StreamingDataLoader(ds, batch_size=job["batch"], num_workers=0, collate_fn=_classes)
+    return {"status": "ok", "own_bytes": own, "rows": _epochs(loader, job)}
 
 
 def _run(python: str, job: dict, env: dict, timeout: float) -> dict:
@@ -228,7 +247,7 @@ def rows(setup, root: str, data: int, limit: int, bound: float, work: str, timeo
     try:
         import moto.server  # noqa: F401
 
-        from shardfeed.tools.bench.s3_link import COUNTERS_PATH, ShapedS3
+        from shardfeed.tools.bench.s3_link import BUCKET, COUNTERS_PATH, KEYS, ShapedS3
     except ImportError as e:
         return [_empty(r, bound, f"skipped: no S3 server to read from ({e})") for r, _ in PEERS]
     out: list[dict] = []
@@ -249,19 +268,15 @@ def rows(setup, root: str, data: int, limit: int, bound: float, work: str, timeo
                 out.append(_empty(reader, bound, "skipped: no venv of its own (.venv-peers; run "
                                                  "tools/bench/install_peers.sh or set SHARDFEED_PEERS_PYTHON)"))
                 continue
-            folder = os.path.join(work, f"w-{lib}")
-            base = dict(lib=lib, samples=samples, payload=payload, npy=npy, folder=folder)
-            done = _run(python, dict(base, mode="write"), s3.env(), timeout)
-            if done["status"] == "ok":
-                own = _size(folder)
-                url = s3.upload(folder, lib)
-                job = dict(base, mode="read", url=url, endpoint=s3.endpoint, counters=s3.endpoint + COUNTERS_PATH,
-                           epochs=epochs, batch=batch, compute_s=compute_s, limit=limit,
-                           cache=os.path.join(work, f"c-{lib}"))
-                done = _run(python, job, s3.env(), timeout)
+            job = dict(lib=lib, samples=samples, payload=payload, npy=npy, folder=os.path.join(work, f"w-{lib}"),
+                       direct=s3.direct, bucket=BUCKET, keys=KEYS, endpoint=s3.endpoint,
+                       counters=s3.endpoint + COUNTERS_PATH, epochs=epochs, batch=batch, compute_s=compute_s,
+                       limit=limit, cache=os.path.join(work, f"c-{lib}"))
+            done = _run(python, job, s3.env(), timeout)
             if done["status"] != "ok":
                 out.append(_empty(reader, bound, done["status"]))
                 continue
+            own = done["own_bytes"]
             for r in done["rows"]:
                 note = f"s3:// via the shaped link; its shards {own:,} bytes"
                 seen = r.pop("samples")
