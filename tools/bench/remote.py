@@ -50,6 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-fraction", type=float, default=0.5, metavar="F",
                         help="cache limit as a fraction of the dataset (default %(default)s)")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    parser.add_argument("--no-peers", action="store_true",
+                        help="leave out MosaicML Streaming, LitData and shardfeed on their S3 link (remote_peers.py)")
     parser.add_argument("--grid", action="store_true",
                         help=f"also shardfeed at cache fractions {GRID_F} x {GRID_RANKS} ranks on one node, with "
                              "`shardfeed plan`'s prediction (grid.md; several minutes)")
@@ -181,7 +183,7 @@ def _predicted(url, cache_dir, limit, world, batch, epochs) -> float | None:
     return float(np.mean(row[0]["epochs"][1:])) if row and row[0]["epochs"] else None
 
 
-def run(setup, fraction: float, out: str, plot: bool = True, with_grid: bool = False) -> list[dict]:
+def run(setup, fraction: float, out: str, plot: bool = True, with_grid: bool = False, peers: bool = True) -> list[dict]:
     from shardfeed.formats import open_index
     from shardfeed.tools.bench.throttled_http import ThrottledServer
 
@@ -211,7 +213,8 @@ def run(setup, fraction: float, out: str, plot: bool = True, with_grid: bool = F
                 table.append(dict(r, reader=name, x_dataset=x, bound_x=bound))
         from shardfeed.tools.bench import remote_peers  # the peers read S3 through the same shaped link
 
-        table += remote_peers.rows(setup, root, data, limit, bound, work)
+        table += remote_peers.rows(setup, root, data, limit, bound, work) if peers else [
+            remote_peers._empty(r, bound, "left out (--no-peers)") for r in remote_peers.READERS]
         os.makedirs(out, exist_ok=True)
         if with_grid:
             rows = grid(setup, root, data, sidecars, work)
@@ -287,5 +290,6 @@ def main(args: argparse.Namespace) -> int:
     if not 0 < args.cache_fraction <= 1:
         print(f"bench remote: --cache-fraction {args.cache_fraction} must be in (0, 1]", file=sys.stderr)
         return 2
-    run(setup, args.cache_fraction, args.out, plot=not args.no_plot, with_grid=getattr(args, "grid", False))
+    run(setup, args.cache_fraction, args.out, plot=not args.no_plot, with_grid=getattr(args, "grid", False),
+        peers=not getattr(args, "no_peers", False))
     return 0
