@@ -249,6 +249,10 @@ def _write(table, out, info, plot) -> None:
             f"{info['compute_s'] * 1e3:.0f} ms compute per batch; bytes and requests counted by the server.")
     lines = [head, "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(_fmt(r.get(k, "")) for k in COLUMNS) + " |" for r in table]
+    from shardfeed.tools.bench.remote_peers import CONFIG
+    ran = [k for k in CONFIG if any(r["reader"] == k and r["epoch"] != "" for r in table)]
+    lines += ["", "Peers' configurations (same samples, shard size, cache limit and link):"] * bool(ran)
+    lines += [f"- {k}: {CONFIG[k]}" for k in ran]
     with open(os.path.join(out, "remote.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -51,6 +51,8 @@ READERS = ("MosaicML Streaming", "LitData", TUNED)
 CONFIG = {
     "MosaicML Streaming": "MDSWriter(size_limit=16 samples); StreamingDataset(remote=s3://, local, shuffle=True "
                           "[py1e], shuffle_seed=0, batch_size, cache_limit) + DataLoader(num_workers=0)",
+    S3_ROW: "its tar shards of the rows above uploaded to the bucket; ShardDataset(s3://, shuffle=\"global\", "
+            "seed=0, cache_dir, cache_limit_bytes, storage_options) + Loader(num_workers=0)",
     TUNED: "as MosaicML Streaming, with shuffle_block_size = the samples of half the cache limit",
     "LitData": "optimize(chunk_size=16, num_workers=1); StreamingDataset(s3://, cache_dir, shuffle=True, seed=0, "
                "max_cache_size, storage_options) + StreamingDataLoader(num_workers=0)",
@@ -245,13 +247,19 @@ def _shardfeed_s3(url, endpoint, cache_dir, limit, epochs, batch, compute_s, lin
     return rows
 
 
+class _LeftOut(Exception):
+    pass
+
+
 def _empty(reader: str, bound: float, note: str) -> dict:
     return dict(reader=reader, epoch="", bytes_fetched="", x_dataset="", bound_x=bound, requests="", epoch_s="",
                 stall="", classes_per_batch="", note=note)
 
 
-def rows(setup, root: str, data: int, limit: int, bound: float, work: str, timeout: float = 900) -> list[dict]:
-    """The peers' rows of remote.py's table (and shardfeed's on the same S3 link), one per epoch."""
+def rows(setup, root: str, data: int, limit: int, bound: float, work: str, timeout: float = 900,
+         readers: tuple = (S3_ROW, *READERS)) -> list[dict]:
+    """The peers' rows of remote.py's table (and shardfeed's on the same S3 link), one per epoch;
+    ``readers``: which of them (tests leave some out)."""
     from shardfeed.tools.bench.compare_peers import peers_python
 
     samples, payload, epochs, rate, latency, batch, compute_s = setup
@@ -267,15 +275,19 @@ def rows(setup, root: str, data: int, limit: int, bound: float, work: str, timeo
     with ShapedS3(rate, latency) as s3:
         label = S3_ROW
         try:
+            if label not in readers:
+                raise _LeftOut
             url = s3.upload(root, "shardfeed")
             for r in _shardfeed_s3(url, s3.endpoint, os.path.join(work, "c-s3"), limit, epochs, batch, compute_s,
                                    s3.link):
                 out.append(dict(r, reader=label, x_dataset=r["bytes_fetched"] / data, bound_x=bound))
+        except _LeftOut:
+            pass
         except Exception as e:  # a failure is a row, never a silent gap
             out.append(_empty(label, bound, f"error: {type(e).__name__}: {str(e)[:200]}"))
         per_sample = data / samples
         block = max(PER_SHARD, int(limit / 2 / per_sample) // PER_SHARD * PER_SHARD)
-        for reader, lib in (*PEERS, (TUNED, "streaming")):
+        for reader, lib in [p for p in (*PEERS, (TUNED, "streaming")) if p[0] in readers]:
             python = streaming_py if lib == "streaming" else sys.executable
             if python is None:
                 out.append(_empty(reader, bound, "skipped: no venv of its own (.venv-peers; run "
