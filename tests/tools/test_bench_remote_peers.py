@@ -16,7 +16,7 @@ from shardfeed.tools.bench import remote, remote_peers  # noqa: E402
 from shardfeed.tools.bench.compare_peers import peers_python  # noqa: E402
 from shardfeed.tools.bench.s3_link import BUCKET, COUNTERS_PATH, KEYS, ShapedS3  # noqa: E402
 
-SAMPLES, PAYLOAD, EPOCHS, BATCH = 128, 2048, 2, 8
+SAMPLES, PAYLOAD, EPOCHS, BATCH = 128, 4096, 2, 8
 
 
 def test_the_link_counts_what_a_client_receives(tmp_path):
@@ -70,8 +70,9 @@ def test_each_reader_is_counted_by_the_server(table, reader, lib):
         pytest.skip(why)
     rows = [r for r in table if r["reader"] == reader]
     assert [r["epoch"] for r in rows] == list(range(EPOCHS)), rows
+    assert rows[0]["bytes_fetched"] > 0 and rows[0]["requests"] > 0  # later epochs may hit the cache only
     for r in rows:
-        assert r["bytes_fetched"] > 0 and r["requests"] > 0 and r["epoch_s"] > 0
+        assert r["bytes_fetched"] >= 0 and r["requests"] >= 0 and r["epoch_s"] > 0
         assert 0 <= r["stall"] <= 1 and 1 <= r["classes_per_batch"] <= BATCH
         assert "delivered" not in r["note"]  # every sample, every epoch
     # a cold cache: every payload byte crosses the link at least once (shardfeed's sample ranges may leave

@@ -266,6 +266,7 @@ def rows(setup, root: str, data: int, limit: int, bound: float, work: str, timeo
     try:
         import moto.server  # noqa: F401
 
+        from shardfeed.cache import CacheLimitError
         from shardfeed.tools.bench.s3_link import BUCKET, COUNTERS_PATH, KEYS, ShapedS3
     except ImportError as e:
         return [_empty(r, bound, f"skipped: no S3 server to read from ({e})") for r in (S3_ROW, *READERS)]
@@ -283,6 +284,8 @@ def rows(setup, root: str, data: int, limit: int, bound: float, work: str, timeo
                 out.append(dict(r, reader=label, x_dataset=r["bytes_fetched"] / data, bound_x=bound))
         except _LeftOut:
             pass
+        except CacheLimitError as e:  # as remote.py's rows say it
+            out.append(_empty(label, bound, f"refused at start: needs {e.needed_bytes:,} bytes"))
         except Exception as e:  # a failure is a row, never a silent gap
             out.append(_empty(label, bound, f"error: {type(e).__name__}: {str(e)[:200]}"))
         per_sample = data / samples
