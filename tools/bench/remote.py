@@ -271,9 +271,13 @@ def _write(table, out, info, plot) -> None:
             width = 0.8 / len(readers)
             ax.bar(np.arange(len(rs)) + k * width, [r["x_dataset"] for r in rs], width, label=name)
         ax.axhline(1.1 * (1 - info["fraction"]), color="k", ls="--", lw=1, label="1.1 x (1 - f)")
+        epochs_drawn = max((len([r for r in table if r["reader"] == n and r["x_dataset"] != ""]) for n in readers),
+                           default=0)
+        ax.set_xticks(np.arange(epochs_drawn) + 0.4 - 0.4 / max(1, len(readers)), range(epochs_drawn))
         ax.set_xlabel("epoch")
         ax.set_ylabel("bytes fetched / dataset")
-        ax.legend(fontsize=8)
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.3)  # room for the legend above the bars
+        ax.legend(fontsize=7, ncol=2, loc="upper center")
         fig.tight_layout()
         fig.savefig(os.path.join(out, "remote.png"), dpi=120)
         plt.close(fig)
