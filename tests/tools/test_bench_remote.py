@@ -14,7 +14,8 @@ def test_bench_remote_writes_a_sane_table(tmp_path):
     remote.add_arguments(p)
     out = str(tmp_path / "out")
     # 256 samples of 8 KiB, 2 epochs, 200 MB/s + 2 ms, batch 8, no compute
-    args = p.parse_args(["--out", out, "--setup", "256,8192,2,200e6,0.002,8,0", "--no-plot"])
+    args = p.parse_args(["--out", out, "--setup", "256,8192,2,200e6,0.002,8,0", "--no-plot",
+                              "--no-peers"])  # the peers: tests/tools/test_bench_remote_peers.py
     assert remote.main(args) == 0
     with open(os.path.join(out, "remote.csv")) as f:
         rows = list(csv.DictReader(f))

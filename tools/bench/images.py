@@ -16,7 +16,13 @@ Variants (each the same transform, loader/images.py RandomResizedCropFlip, batch
   and applies the transform without draft: what torchvision's ImageFolder + RandomResizedCrop +
   RandomHorizontalFlip + PILToTensor does (torchvision itself is not installed here: its PyPI wheel
   links the CUDA torch, so this is the same computation in plain PIL), ``DataLoader(shuffle=True)``;
-- **webdataset**: the same tar shards through ``wds.WebDataset(...).shuffle(1000).map(...)``, WebLoader.
+- **webdataset**: the same tar shards through ``wds.WebDataset(...).shuffle(1000).map(...)``, WebLoader;
+- **DALI, CPU pipeline** (tools/bench/images_dali.py): the ImageFolder files through DALI's ImageNet
+  example pipeline on the CPU, in a venv that has DALI (``--dali-python``, $SHARDFEED_DALI_PYTHON or
+  .venv-dali beside the checkout: ``WITH_DALI=1 tools/bench/install_peers.sh``); skipped without one;
+- **FFCV**: not run. ffcv 1.0.2 is a source distribution only, and its build needs OpenCV 4 found by
+  pkg-config and libturbojpeg, which pip cannot install ("RuntimeError: Could not find required package:
+  opencv4" here); its row says so (or, where ffcv imports, that this benchmark has no FFCV pipeline).
 
 Per core = images/s / cores busy (1 at 0 workers, the workers' count otherwise). Passes alternate, median
 of --repeat; each pass counts every image and checks its shape.
@@ -45,6 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", default="0,2", help="comma-separated worker counts (default: %(default)s)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--out", default="bench-results", help="folder for the results (default: %(default)s)")
+    parser.add_argument("--dali-python", default=None, metavar="PYTHON",
+                        help="an interpreter with NVIDIA DALI (default: $SHARDFEED_DALI_PYTHON, else .venv-dali "
+                             "beside the checkout; \"none\" leaves DALI out)")
 
 
 def _photos(given: str | None) -> list[str]:
@@ -159,9 +168,46 @@ def _pass(variant, where, size, draft, workers, n) -> dict:
 
 
 VARIANTS = [("shardfeed", 224, False), ("shardfeed", 224, True), ("shardfeed", 160, True), ("shardfeed", 128, True),
-            ("imagefolder", 224, False), ("webdataset", 224, False)]
+            ("imagefolder", 224, False), ("webdataset", 224, False), ("dali", 224, False), ("ffcv", 224, False)]
 LABELS = {"shardfeed": "shardfeed", "imagefolder": "ImageFolder + PIL DataLoader (torchvision's computation)",
-          "webdataset": "webdataset"}
+          "webdataset": "webdataset", "dali": "DALI CPU pipeline (readers.file + image_random_crop)",
+          "ffcv": "FFCV"}
+_CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _dali_python(given: str | None) -> str | None:
+    if given == "none":
+        return None
+    path = given or os.environ.get("SHARDFEED_DALI_PYTHON") or os.path.join(_CHECKOUT, ".venv-dali", "bin", "python")
+    return path if os.access(path, os.X_OK) else None
+
+
+def _dali_pass(python: str | None, where: dict, size: int, workers: int, n: int) -> dict:
+    import subprocess
+
+    from shardfeed.tools.bench import images_dali
+    if python is None:
+        return {"status": "skipped: no venv with DALI (WITH_DALI=1 tools/bench/install_peers.sh makes .venv-dali; "
+                          "or --dali-python / $SHARDFEED_DALI_PYTHON)"}
+    job = {"root": where["files"], "size": size, "workers": workers, "n": n, "batch": BATCH}
+    try:
+        done = subprocess.run([python, images_dali.__file__, json.dumps(job)], capture_output=True, text=True,
+                              timeout=1800)
+    except subprocess.TimeoutExpired:
+        return {"status": "error: DALI's pass gave no result after 1800 s"}
+    for line in reversed(done.stdout.splitlines()):
+        if line.startswith(images_dali.RESULT):
+            return json.loads(line[len(images_dali.RESULT):])
+    tail = (done.stderr.strip().splitlines() or ["no output"])[-1][:300]
+    return {"status": f"error: DALI's process exited {done.returncode} without a result ({tail})"}
+
+
+def _ffcv_status() -> str:
+    import importlib.util
+    if importlib.util.find_spec("ffcv") is None:
+        return ("skipped: FFCV does not install here (ffcv 1.0.2 is a source distribution only; its build needs "
+                "OpenCV 4 through pkg-config and libturbojpeg: \"Could not find required package: opencv4\")")
+    return "skipped: ffcv imports, but this benchmark has no FFCV pipeline (.beton writer + ffcv.Loader) yet"
 
 
 def main(args: argparse.Namespace) -> int:
@@ -171,12 +217,18 @@ def main(args: argparse.Namespace) -> int:
     os.makedirs(data, exist_ok=True)
     where = _write(data, _make_jpegs(photos, args.samples))
     workers = [int(w) for w in args.workers.split(",")]
+    dali_py = _dali_python(getattr(args, "dali_python", None))
     runs: dict = {}
     for _ in range(args.repeat):
         for w in workers:
             for v in VARIANTS:
                 try:
-                    r = _pass(*v[:1], where, v[1], v[2], w, args.samples)
+                    if v[0] == "dali":
+                        r = _dali_pass(dali_py, where, v[1], w, args.samples)
+                    elif v[0] == "ffcv":
+                        r = {"status": _ffcv_status()}
+                    else:
+                        r = _pass(*v[:1], where, v[1], v[2], w, args.samples)
                 except ImportError as e:
                     r = {"status": f"skipped: cannot import ({e})"}
                 runs.setdefault((*v, w), []).append(r)

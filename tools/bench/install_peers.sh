@@ -6,7 +6,8 @@
 #    numpy < 2.2 and its package imports torchvision, which cannot load beside
 #    the CPU torch wheel. That venv gets the exact torch of .venv (never a CUDA
 #    build), numpy < 2.2, Streaming without its declared dependencies (cloud
-#    SDKs, torchvision) plus the ones its readers and writers import, and
+#    SDKs, torchvision) plus the ones its readers and writers import (boto3 too:
+#    `bench remote` has it read s3://, it has no http downloader), and
 #    shardfeed itself (editable, no dependencies) for the benchmark's child
 #    process. `bench compare` runs Streaming's passes with that venv's python.
 #
@@ -47,12 +48,31 @@ if { [ -x "$PPY" ] || python3 -m venv "$PEERS_VENV"; } &&
    "$PPY" "${PIP[@]}" -c "$CONSTRAINTS" "torch==$TORCH_VERSION" "numpy<2.2" &&
    "$PPY" "${PIP[@]}" --no-deps "mosaicml-streaming==0.13.0" &&
    "$PPY" "${PIP[@]}" -c "$CONSTRAINTS" "numpy<2.2" brotli "python-snappy<1" "zstd<2" "catalogue<3" filelock \
-       pillow "xxhash<4" "tqdm<5" "transformers<5" &&
+       pillow "xxhash<4" "tqdm<5" "transformers<5" "boto3<2" &&
    "$PPY" "${PIP[@]}" --no-deps -e .; then
     :
 else
     echo "install_peers.sh: could not set up $PEERS_VENV; bench compare will report streaming as skipped" >&2
     failed=$((failed + 1))
+fi
+
+# Opt-in (a 424 MB wheel): NVIDIA DALI for `bench images`' CPU pipeline, in a venv of its own (.venv-dali),
+# without its declared CUDA codec extras: its CPU decoders need only nvImageCodec's own wheel. No torch.
+# FFCV is not installed: ffcv 1.0.2 is a source distribution whose build needs OpenCV 4 (pkg-config)
+# and libturbojpeg from the system; `bench images` reports it as skipped with that reason.
+if [ "${WITH_DALI:-0}" = 1 ]; then
+    DALI_VENV="${DALI_VENV:-.venv-dali}"
+    echo "installing nvidia-dali-cuda120 into $DALI_VENV (CPU pipeline; no torch)"
+    if { [ -x "$DALI_VENV/bin/python" ] || python3 -m venv "$DALI_VENV"; } &&
+       "$DALI_VENV/bin/python" "${PIP[@]}" --no-deps "nvidia-dali-cuda120==2.4.0" "nvidia-nvimgcodec-cu12>=0.9,<0.10" &&
+       "$DALI_VENV/bin/python" "${PIP[@]}" numpy optree "astunparse<=1.6.3" "gast<=0.7.0" "six<=1.17" \
+           "packaging<=26.3" nvtx makefun "libcst~=1.8" &&
+       "$DALI_VENV/bin/python" -c "import nvidia.dali as d; print(f'nvidia-dali {d.__version__}: importable')"; then
+        :
+    else
+        echo "install_peers.sh: could not set up $DALI_VENV; bench images will report DALI as skipped" >&2
+        failed=$((failed + 1))
+    fi
 fi
 
 "$PY" - <<'PYEOF'

@@ -50,6 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-fraction", type=float, default=0.5, metavar="F",
                         help="cache limit as a fraction of the dataset (default %(default)s)")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    parser.add_argument("--no-peers", action="store_true",
+                        help="leave out MosaicML Streaming, LitData and shardfeed on their S3 link (remote_peers.py)")
     parser.add_argument("--grid", action="store_true",
                         help=f"also shardfeed at cache fractions {GRID_F} x {GRID_RANKS} ranks on one node, with "
                              "`shardfeed plan`'s prediction (grid.md; several minutes)")
@@ -181,13 +183,7 @@ def _predicted(url, cache_dir, limit, world, batch, epochs) -> float | None:
     return float(np.mean(row[0]["epochs"][1:])) if row and row[0]["epochs"] else None
 
 
-def _peer_missing(module: str) -> str | None:
-    import importlib.util
-
-    return None if importlib.util.find_spec(module) is not None else "not installed"
-
-
-def run(setup, fraction: float, out: str, plot: bool = True, with_grid: bool = False) -> list[dict]:
+def run(setup, fraction: float, out: str, plot: bool = True, with_grid: bool = False, peers: bool = True) -> list[dict]:
     from shardfeed.formats import open_index
     from shardfeed.tools.bench.throttled_http import ThrottledServer
 
@@ -215,11 +211,10 @@ def run(setup, fraction: float, out: str, plot: bool = True, with_grid: bool = F
             for r in rows:
                 x = r["bytes_fetched"] / data if r["bytes_fetched"] != "" else ""
                 table.append(dict(r, reader=name, x_dataset=x, bound_x=bound))
-        for name, module in (("MosaicML Streaming", "streaming"), ("LitData", "litdata")):
-            why = _peer_missing(module)
-            table.append(dict(reader=name, epoch="", bytes_fetched="", x_dataset="", bound_x=bound, requests="",
-                              epoch_s="", stall="", classes_per_batch="",
-                              note=why or "installed, not wired into this benchmark yet"))
+        from shardfeed.tools.bench import remote_peers  # the peers read S3 through the same shaped link
+
+        table += remote_peers.rows(setup, root, data, limit, bound, work) if peers else [
+            remote_peers._empty(r, bound, "left out (--no-peers)") for r in remote_peers.READERS]
         os.makedirs(out, exist_ok=True)
         if with_grid:
             rows = grid(setup, root, data, sidecars, work)
@@ -254,6 +249,10 @@ def _write(table, out, info, plot) -> None:
             f"{info['compute_s'] * 1e3:.0f} ms compute per batch; bytes and requests counted by the server.")
     lines = [head, "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(_fmt(r.get(k, "")) for k in COLUMNS) + " |" for r in table]
+    from shardfeed.tools.bench.remote_peers import CONFIG
+    ran = [k for k in CONFIG if any(r["reader"] == k and r["epoch"] != "" for r in table)]
+    lines += ["", "Peers' configurations (same samples, shard size, cache limit and link):"] * bool(ran)
+    lines += [f"- {k}: {CONFIG[k]}" for k in ran]
     with open(os.path.join(out, "remote.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
@@ -269,11 +268,16 @@ def _write(table, out, info, plot) -> None:
         for k, name in enumerate(readers):
             rs = [r for r in table if r["reader"] == name]
             rs = [r for r in rs if r["x_dataset"] != ""]
-            ax.bar(np.arange(len(rs)) + k * 0.4, [r["x_dataset"] for r in rs], 0.4, label=name)
+            width = 0.8 / len(readers)
+            ax.bar(np.arange(len(rs)) + k * width, [r["x_dataset"] for r in rs], width, label=name)
         ax.axhline(1.1 * (1 - info["fraction"]), color="k", ls="--", lw=1, label="1.1 x (1 - f)")
+        epochs_drawn = max((len([r for r in table if r["reader"] == n and r["x_dataset"] != ""]) for n in readers),
+                           default=0)
+        ax.set_xticks(np.arange(epochs_drawn) + 0.4 - 0.4 / max(1, len(readers)), range(epochs_drawn))
         ax.set_xlabel("epoch")
         ax.set_ylabel("bytes fetched / dataset")
-        ax.legend(fontsize=8)
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.3)  # room for the legend above the bars
+        ax.legend(fontsize=7, ncol=2, loc="upper center")
         fig.tight_layout()
         fig.savefig(os.path.join(out, "remote.png"), dpi=120)
         plt.close(fig)
@@ -294,5 +298,6 @@ def main(args: argparse.Namespace) -> int:
     if not 0 < args.cache_fraction <= 1:
         print(f"bench remote: --cache-fraction {args.cache_fraction} must be in (0, 1]", file=sys.stderr)
         return 2
-    run(setup, args.cache_fraction, args.out, plot=not args.no_plot, with_grid=getattr(args, "grid", False))
+    run(setup, args.cache_fraction, args.out, plot=not args.no_plot, with_grid=getattr(args, "grid", False),
+        peers=not getattr(args, "no_peers", False))
     return 0
