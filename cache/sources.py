@@ -72,6 +72,19 @@ class LocalSource(Source):
         return [f"{base}/{n}" for n in sorted(os.listdir(self.path))]
 
 
+async def _read_upto(body, n: int) -> bytes:
+    """Up to ``n`` bytes of an aiobotocore body: one ``read(n)`` returns what has arrived so far
+    (65,536 of 549,888 bytes through a paced link), so read until ``n`` or the end."""
+    parts, got = [], 0
+    while got < n:
+        chunk = await body.read(n - got)
+        if not chunk:
+            break
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
+
+
 class FsspecSource(Source):
     def __init__(self, url: str, fs, path: str):
         self.url = url
@@ -132,7 +145,7 @@ class FsspecSource(Source):
             raise
         body = resp["Body"]
         try:
-            data = sync(self.fs.loop, body.read, end - start + 1)  # one byte more shows a body past the range
+            data = sync(self.fs.loop, _read_upto, body, end - start + 1)  # one byte more shows a body past the range
         finally:
             body.close()
         self.etag = self.etag or resp.get("ETag")

@@ -44,3 +44,19 @@ def test_object_rewritten_between_ranges_is_refused(moto_endpoint):
     assert "s3://ranges/s.tar" in str(err.value)
     fresh = open_source("s3://ranges/s.tar", s3_options(moto_endpoint), 10.0)  # a new read sees the new object
     assert fresh.read_range(1000, 2000) == new[1000:2000]
+
+
+@pytest.mark.timeout(120)
+def test_a_range_that_arrives_in_pieces_is_read_whole(tmp_path):
+    """Through a paced link a body arrives in pieces and one read returns only the first: the
+    range is read to its end (it failed every attempt as a "short read" before)."""
+    from shardfeed.tools.bench.s3_link import BUCKET, ShapedS3
+
+    blob = bytes(range(256)) * 2400  # 614,400 bytes: several of the link's 64 KiB chunks
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "s.tar").write_bytes(blob)
+    with ShapedS3(4e6, 0.0) as s3:
+        s3.upload(str(tmp_path / "d"), "paced")
+        src = open_source(f"s3://{BUCKET}/paced/s.tar", s3_options(s3.endpoint), 10.0)
+        assert src.read_range(0, 549_888) == blob[:549_888]
+        assert src.read_range(549_888, len(blob)) == blob[549_888:]
