@@ -134,9 +134,10 @@ def _metadata(t: _Table, i: int) -> dict:
     return out
 
 
-def _type(field: _Table) -> tuple:
+def _type(field: _Table, nested: bool = True) -> tuple:
     """A field's type as a tuple: ("utf8",), ("int64",) ..., ("list", child), ("large_list", child),
-    ("dict", id, ("utf8",))."""
+    ("dict", id, ("utf8",)). ``nested``: whether it may be a list (a list's child may not: no list of
+    lists is one of the project's, and a forged file nesting them deeply would recurse as deep)."""
     kind, t = field.scalar(2, "<B"), field.table(3, 2)
     if t is None:
         raise Declined("field without a type")
@@ -149,11 +150,11 @@ def _type(field: _Table) -> tuple:
         out: tuple = (name,)
     elif kind == _UTF8 and not children and not any(t.slots):
         out = ("utf8",)
-    elif kind in (_LIST, _LARGE_LIST) and len(children) == 1 and not any(t.slots):
+    elif kind in (_LIST, _LARGE_LIST) and nested and len(children) == 1 and not any(t.slots):
         c = children[0]  # pyarrow's: a nullable "item" (its name is part of the type, and of the digest)
         if c.string(0) != b"item" or not c.scalar(1, "<?", False) or c._at(4) or c._at(6):
             raise Declined("a list child other than pyarrow's nullable 'item'")
-        out = ("list" if kind == _LIST else "large_list", _type(c))
+        out = ("list" if kind == _LIST else "large_list", _type(c, False))
     else:
         raise Declined(f"type {kind} is not one of the project's")
     enc = field.table(4, 4)

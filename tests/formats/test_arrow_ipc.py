@@ -200,3 +200,15 @@ def test_a_damaged_sidecar_still_names_its_shard(ds, tmp_path):
     open(bad, "wb").write(bytes(raw))
     with pytest.raises(ShardError, match="x.tar"):
         sidecar.read_sidecar(bad, "x.tar")
+
+
+def test_types_outside_the_project_schemas_are_declined(tmp_path):
+    # a list of lists (a forged file could nest them as deep as it is long), nulls, other widths
+    for arr in (pa.array([[[1], [2, 3]]], pa.list_(pa.list_(pa.int64()))), pa.array(["a", None]),
+                pa.array([1.5], pa.float64()), pa.array([1], pa.int8())):
+        sink = pa.BufferOutputStream()
+        tbl = pa.table({"x": arr})
+        with pa.ipc.new_file(sink, tbl.schema) as w:
+            w.write_table(tbl)
+        with pytest.raises(arrow_ipc.Declined):
+            arrow_ipc.read(sink.getvalue().to_pybytes())
