@@ -20,11 +20,13 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import pyarrow as pa
 import xxhash
 
 from shardfeed.formats.errors import ShardError
+from shardfeed.formats.lazy import lazy_module
 from shardfeed.formats.sidecar import fixed_width_values
+
+pa = lazy_module("pyarrow", globals(), "pa")  # Parquet and Arrow shards only: a tar read never imports it
 
 SCHEMA_KEY = b"shardfeed.arrow"
 BATCH_KEY = b"shardfeed.xxh3_64"

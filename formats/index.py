@@ -20,12 +20,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import pyarrow as pa
 
 from shardfeed.formats.errors import ShardError
 from shardfeed.formats.index_seal import UNSEALED, check_seal, seal
+from shardfeed.formats.lazy import lazy_module
 from shardfeed.formats.sidecar import decode_dictionary, fixed_width_values, table_digest
 from shardfeed.formats.sources import ShardPath, expand_source, is_pattern
+
+# writing, and reading an index own_tables.py declines; a good index is read without it
+pa = lazy_module("pyarrow", globals(), "pa")
 
 INDEX_NAME = "index.arrow"
 LOG_DIR = "_log"
@@ -221,7 +224,16 @@ def _read_index_file(path: str, root: str) -> tuple[dict, list]:
 
 
 def parse_index_bytes(raw: bytes, path: str) -> tuple[dict, list]:
-    """(metadata, [names, formats, counts, sizes, hashes]) of index bytes, every check of a local index made."""
+    """(metadata, [names, formats, counts, sizes, hashes]) of index bytes, every check of a local index made.
+
+    Read without pyarrow (own_tables.py) when laid out as shardfeed writes it and every check passes;
+    otherwise pyarrow reads it, and its checks say what is wrong."""
+    from shardfeed.formats import own_tables
+
+    try:
+        return own_tables.index(raw, path)
+    except own_tables.Declined:
+        pass
     from shardfeed.formats.sidecar import read_arrow_bytes
 
     tbl = read_arrow_bytes(raw, path, "index", INDEX_NAME)

@@ -15,6 +15,10 @@ shardfeed's start-up. Paused, it runs later, in whatever code allocates
 next, as in a program without shardfeed (``gc.freeze()`` after the imports
 spares it altogether). Nothing is left uncollected: the collector's state is
 restored on the way out, and a collector the program had disabled stays so.
+
+``lazy_module``: a module-level name for a dependency that only some paths of
+a module use (pyarrow in the modules the tar read path shares with Parquet
+and Arrow shards), imported at its first attribute read.
 """
 
 from __future__ import annotations
@@ -48,6 +52,34 @@ def first_gc_paused(items):
 
 
 _END = object()
+
+
+class _LazyModule:
+    """Stands for module ``name`` bound to ``alias`` in ``namespace``: the first attribute read imports it
+    and rebinds ``alias`` to the real module, so later reads cost nothing extra.
+
+    Not importlib.util.LazyLoader: that puts a half-made module into sys.modules at once, so every
+    ``"pyarrow" in sys.modules`` check (ours, and libraries' that convert to Arrow when it is loaded)
+    would see it imported and load it."""
+
+    __slots__ = ("_name", "_namespace", "_alias")
+
+    def __init__(self, name: str, namespace: dict, alias: str):
+        self._name, self._namespace, self._alias = name, namespace, alias
+
+    def __getattr__(self, attr: str):
+        module = importlib.import_module(self._name)
+        if self._namespace.get(self._alias) is self:
+            self._namespace[self._alias] = module
+        return getattr(module, attr)
+
+    def __repr__(self) -> str:
+        return f"<{self._name}, imported on first use>"
+
+
+def lazy_module(name: str, namespace: dict, alias: str):
+    """``alias = lazy_module(name, globals(), alias)``: ``import name as alias`` at the first use of ``alias``."""
+    return _LazyModule(name, namespace, alias)
 
 
 def exports(package: str, names: dict[str, str]):

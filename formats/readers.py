@@ -16,15 +16,17 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import xxhash
 
 from shardfeed.formats.arrow_checksums import check_batch
 from shardfeed.formats.engine import decompress_ahead, decompressed
 from shardfeed.formats.errors import ShardError
 from shardfeed.formats.files import check_regular, open_regular
+from shardfeed.formats.lazy import lazy_module
 from shardfeed.formats.sidecar import SIDECAR_SUFFIX, SampleTable, read_sidecar, sample_checksum, scan_tar
 from shardfeed.formats.tar_stream import load_tar_stream
+
+pa = lazy_module("pyarrow", globals(), "pa")  # Parquet and Arrow shards only: a tar read never imports it
 
 _CHUNK = 8 << 20  # read size while hashing a shard
 
@@ -160,9 +162,15 @@ class TarShardReader:
         self.close()
 
 
-_FOOTER_ERRORS = (pa.ArrowException, OSError, ValueError, KeyError, TypeError, IndexError, OverflowError,
-                  AttributeError, UnicodeDecodeError)
-FOOTER_ERRORS = _FOOTER_ERRORS  # what a damaged Parquet/Arrow footer makes pyarrow raise, for other readers
+def _footer_errors() -> tuple:  # a function: pyarrow is imported only where it is used
+    return (pa.ArrowException, OSError, ValueError, KeyError, TypeError, IndexError, OverflowError,
+            AttributeError, UnicodeDecodeError)
+
+
+def __getattr__(name: str):
+    if name == "FOOTER_ERRORS":  # what a damaged Parquet/Arrow footer makes pyarrow raise, for other readers
+        return _footer_errors()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class ColumnarShardReader:
@@ -206,7 +214,7 @@ class ColumnarShardReader:
         except FileNotFoundError as e:
             self.close()
             raise ShardError(path, "shard is missing (no such file)") from e
-        except _FOOTER_ERRORS as e:  # a damaged footer breaks pyarrow in many ways
+        except _footer_errors() as e:  # a damaged footer breaks pyarrow in many ways
             self.close()
             raise ShardError(path, f"{fmt} shard is unreadable: {type(e).__name__}: {e}") from e
         except ShardError:
@@ -243,7 +251,7 @@ class ColumnarShardReader:
                                  f"{self.group_start[g + 1] - self.group_start[g]}")
             if self._pf is None and self.verify:
                 check_batch(self.path, g, self._schema_meta, batch_meta, batch)
-        except _FOOTER_ERRORS as e:
+        except _footer_errors() as e:
             raise ShardError(self.path, f"row group {g} is unreadable: {type(e).__name__}: {e}") from e
         if self._pf is None:
             # Arrow batches are views of the mapping: keeping every validated
@@ -342,7 +350,7 @@ def _columnar_keys(path: str, fmt: str) -> list[str]:
         return col.to_pylist()
     except FileNotFoundError as e:
         raise ShardError(path, "shard is missing (no such file)") from e
-    except _FOOTER_ERRORS as e:
+    except _footer_errors() as e:
         raise ShardError(path, f"{fmt} shard's __key__ column is unreadable: {type(e).__name__}: {e}") from e
 
 

@@ -14,13 +14,17 @@ import os
 from dataclasses import dataclass
 
 import numpy as np
-import pyarrow as pa
 import xxhash
 
+from shardfeed.formats import own_tables
 from shardfeed.formats.errors import ShardError
-from shardfeed.formats.files import check_regular
+from shardfeed.formats.files import check_regular, open_regular
 from shardfeed.formats.key_blob import Keys
+from shardfeed.formats.lazy import lazy_module
 from shardfeed.formats.tar import list_members, split_name
+
+# writing, and reading a sidecar own_tables.py declines; a good sidecar is read without it
+pa = lazy_module("pyarrow", globals(), "pa")
 
 SIDECAR_SUFFIX = ".idx"
 SIDECAR_VERSION = 1
@@ -267,7 +271,8 @@ def _expected_schema(list_type) -> pa.Schema:
                       ("size", list_type(pa.int64())), ("field", list_type(pa.int16()))])
 
 
-SIDECAR_SCHEMAS = (_expected_schema(pa.list_), _expected_schema(pa.large_list))
+def _sidecar_schemas() -> tuple:
+    return _expected_schema(pa.list_), _expected_schema(pa.large_list)
 
 
 def read_arrow_file(path: str, shard: str, what: str) -> pa.Table:
@@ -303,10 +308,24 @@ def read_arrow_bytes(raw: bytes, shard: str, what: str, name: str) -> pa.Table:
 def read_sidecar(path: str, shard: str) -> tuple[SampleTable, dict]:
     """Load a sidecar; raises ShardError naming the shard when it is unreadable
     (FileNotFoundError passes through: the caller says whether the shard is a
-    foreign tar to scan or a shard of an indexed dataset that needs it)."""
+    foreign tar to scan or a shard of an indexed dataset that needs it).
+
+    Read without pyarrow (own_tables.py) when it is laid out as shardfeed writes it and
+    passes every check; otherwise pyarrow reads it, and its checks say what is wrong."""
+    with open_regular(path, shard, "sidecar") as f:  # a FIFO would block the read forever
+        raw = f.read() if os.fstat(f.fileno()).st_size <= own_tables.MAX_FAST_BYTES else None
+    if raw is not None:
+        try:
+            return own_tables.sidecar(raw)
+        except own_tables.Declined:
+            pass
+    return _read_sidecar_pyarrow(path, shard)
+
+
+def _read_sidecar_pyarrow(path: str, shard: str) -> tuple[SampleTable, dict]:
     tbl = read_arrow_file(path, shard, "sidecar")
     name = os.path.basename(path)
-    if not any(tbl.schema.equals(s) for s in SIDECAR_SCHEMAS):
+    if not any(tbl.schema.equals(s) for s in _sidecar_schemas()):
         raise ShardError(shard, f"sidecar {name} has an unexpected schema (corrupt sidecar): {tbl.schema}")
     try:
         meta = json.loads((tbl.schema.metadata or {})[b"shardfeed.sidecar"])

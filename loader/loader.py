@@ -22,7 +22,7 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -35,8 +35,10 @@ from shardfeed.loader.collate import check_bytes_as, materialize
 from shardfeed.loader.dataset import ShardDataset
 from shardfeed.loader.schedule import BatchSchedule, Stage
 from shardfeed.loader.stats import LoaderStats
-from shardfeed.loader.workers import WorkerPool
 from shardfeed.shuffling.workers import worker_of
+
+if TYPE_CHECKING:  # the worker processes' module (multiprocessing, pipes, shm): imported when workers start
+    from shardfeed.loader.workers import WorkerPool
 
 
 class Loader:
@@ -277,6 +279,8 @@ class Loader:
 
     def _start_pool(self) -> WorkerPool:
         if self._pool is None:
+            from shardfeed.loader.workers import WorkerPool
+
             self._pool = WorkerPool(self.num_workers, MakerFactory(self.dataset, self.collate_fn, self.num_workers),
                                     slots=self.prefetch,
                                     context=self.mp_context)

@@ -46,7 +46,6 @@ import glob
 import mmap
 import os
 import pickle
-import secrets
 import tempfile
 
 import numpy as np
@@ -62,7 +61,7 @@ def shm_dir() -> str:
 
 
 def new_prefix() -> str:
-    return f"shardfeed-{os.getpid()}-{secrets.token_hex(4)}"
+    return f"shardfeed-{os.getpid()}-{os.urandom(4).hex()}"  # secrets.token_hex's bytes, without its import
 
 
 def cleanup(prefix: str) -> int:

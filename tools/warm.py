@@ -9,9 +9,12 @@ format and read mode, and scans a foreign tar, under numba's JIT (which fills
 numba's cache), then compiles every signature those reads used into one
 extension module (formats/compiler/aot_build.py) that later processes load instead of
 numba. Without a C compiler the second part fails and says so: reads then
-use numba's JIT as before. Last, it removes the kernel folders of other
-sources (older versions, other checkouts) that no process has used for
-``--keep-days`` days.
+use numba's JIT as before. It also compiles shardfeed's modules to bytecode
+(``__pycache__``), which an editable checkout under ``PYTHONDONTWRITEBYTECODE=1``
+never gets otherwise: every fresh process would compile all ~75 modules its
+first batch imports from source again (about twice the import's time). Last,
+it removes the kernel folders of other sources (older versions, other
+checkouts) that no process has used for ``--keep-days`` days.
 """
 
 from __future__ import annotations
@@ -61,6 +64,21 @@ def warm(folder: str) -> int:
     n += open_index(tar).num_samples
     _kernels_off_the_read_path()
     return n
+
+
+def compile_bytecode() -> int:
+    """Compile every shardfeed module's bytecode cache where it is missing or stale; returns the packages
+    compiled (a read-only install, whose caches pip wrote, is left as it is)."""
+    import compileall
+    import importlib.util
+
+    done = 0
+    for name in ("formats", "cache", "shuffling", "loader", "tools"):
+        spec = importlib.util.find_spec(f"shardfeed.{name}")
+        for d in (spec.submodule_search_locations or []) if spec else []:
+            if os.access(d, os.W_OK):
+                done += bool(compileall.compile_dir(d, quiet=2))
+    return done
 
 
 def _kernels_off_the_read_path() -> None:
@@ -148,6 +166,7 @@ def main(args: argparse.Namespace | None = None) -> int:
 
     args = args or argparse.Namespace(no_aot=False, force=False, keep_days=KEEP_DAYS)
     _prune(args)
+    compile_bytecode()
     if not args.no_aot and not args.force and aot.load(jit.aot_dir(), jit.KEY) is not None:
         print(f"shardfeed: the compiled kernels for these sources are ready in {jit.aot_dir()} "
               "(--force builds them again)", flush=True)

@@ -151,13 +151,14 @@ def load(folder: str, key: str) -> Loaded | None:
 class Kernel:
     """A jitted function served by the compiled module while its types match."""
 
-    def __init__(self, fn, options: dict, loaded: Loaded):
+    def __init__(self, fn, options: dict, loaded: Loaded | None):
         self.py_func = self.__wrapped__ = fn
         self.options = options
         self.name = f"{fn.__module__}:{fn.__qualname__}"
         self.__name__, self.__qualname__, self.__doc__, self.__module__ = (
             fn.__name__, fn.__qualname__, fn.__doc__, fn.__module__)
-        self.variants = loaded.variants(self.name)
+        self.variants = loaded.variants(self.name) if loaded is not None else {}
+        self.built = loaded is not None
         self.jitted = None
 
     def bind(self, dispatcher) -> None:
@@ -171,7 +172,8 @@ class Kernel:
             from shardfeed.formats.compiler import jit
 
             jit.use_jit(f"{self.name} was called with types {[fingerprint(a) for a in args]}, "
-                        f"which the compiled module does not hold")
+                        f"which the compiled module does not hold" if self.built else
+                        "no compiled kernels for these sources (`shardfeed warm` builds them)")
         return self.jitted(*args)
 
     def __repr__(self) -> str:

@@ -8,10 +8,11 @@ Two ways to run a kernel, chosen once when this module is imported:
   for these exact sources, ``njit`` returns a thin proxy (formats/compiler/aot.py) that
   calls it, and numba is not even imported: a fresh process reads its first
   batch without numba's ~0.5 s set-up.
-- JIT: otherwise (no module yet, no C compiler, ``SHARDFEED_AOT=0``) ``njit``
-  is numba's jit with an on-disk cache, as before. A proxy that meets
-  argument types the module does not hold switches the process to this mode
-  (``use_jit``) and carries on.
+- JIT: otherwise (no module yet, no C compiler, ``SHARDFEED_AOT=0``) numba's
+  jit with an on-disk cache serves. A proxy that meets argument types the
+  module does not hold switches the process to this mode (``use_jit``) and
+  carries on; without a module every proxy does so at its first call, so
+  numba is imported when a kernel first runs, not when its module is.
 
 The caches cannot go stale: numba's cache checks only the source file of the
 function it compiled, so a kernel that inlines a jitted function of another
@@ -57,27 +58,79 @@ def _package_dirs() -> list[str]:
     return dirs
 
 
-def source_key(dirs) -> str:
-    """A hash of every .py file (path and bytes) under ``dirs``, subfolders included."""
-    h = hashlib.blake2b(digest_size=8)
+def _sources(dirs) -> list[tuple[str, str]]:
+    """(name relative to its folder, path) of every .py file under ``dirs``, in a fixed order."""
+    out = []
     for d in dirs:
         for top, subdirs, names in os.walk(d):
             subdirs[:] = sorted(s for s in subdirs if s != "__pycache__")
-            for name in sorted(names):
-                if name.endswith(".py"):
-                    rel = os.path.relpath(os.path.join(top, name), d)
-                    h.update(rel.encode() + b"\0")
-                    with open(os.path.join(top, name), "rb") as f:
-                        h.update(f.read())
+            out += [(os.path.relpath(os.path.join(top, n), d), os.path.join(top, n)) for n in sorted(names)
+                    if n.endswith(".py")]
+    return out
+
+
+def source_key(dirs) -> str:
+    """A hash of every .py file (path and bytes) under ``dirs``, subfolders included."""
+    h = hashlib.blake2b(digest_size=8)
+    for rel, path in _sources(dirs):
+        h.update(rel.encode() + b"\0")
+        with open(path, "rb") as f:
+            h.update(f.read())
     return h.hexdigest()
 
 
-KEY = source_key(_package_dirs())
+_MEMO = "source-keys.json"
+_MEMO_ENTRIES = 16  # stamps kept (a few checkouts and venvs); older ones are dropped
+
+
+def _base() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "shardfeed", "numba")
+
+
+def memo_source_key(dirs, memo: str | None = None) -> str:
+    """``source_key(dirs)``, remembered by the files' (name, size, mtime, ctime, inode): reading and
+    hashing every source file cost a fresh process ~5-13 ms of its start, their stat ~0.3 ms. Any
+    write to a file moves its ctime (which no program can set back) and a file replaced by a rename
+    has another inode, so a changed source never meets its old stamp."""
+    memo = memo or os.path.join(_base(), _MEMO)
+    h = hashlib.blake2b(digest_size=16)
+    for rel, path in _sources(dirs):
+        st = os.stat(path)
+        h.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\0{st.st_ino}\0".encode())
+    stamp = h.hexdigest()
+    try:
+        with open(memo) as f:
+            known = json.load(f)
+        if not isinstance(known, dict):
+            known = {}
+    except (OSError, ValueError):
+        known = {}
+    key = known.get(stamp)
+    if isinstance(key, str) and len(key) == 16 and all(c in "0123456789abcdef" for c in key):
+        return key
+    key = source_key(dirs)
+    known = {k: v for k, v in list(known.items())[-(_MEMO_ENTRIES - 1):]}
+    known[stamp] = key
+    tmp = f"{memo}.tmp-{os.getpid()}"
+    try:
+        os.makedirs(os.path.dirname(memo), exist_ok=True)
+        with open(tmp, "w") as f:
+            json.dump(known, f)
+        os.replace(tmp, memo)
+    except OSError:  # a read-only cache: the key is computed each time, as before
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+    return key
+
+
+KEY = memo_source_key(_package_dirs())
 
 
 def cache_dir() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "shardfeed", "numba", KEY)
+    return os.path.join(_base(), KEY)
 
 
 def aot_dir() -> str:
@@ -174,14 +227,15 @@ def use_jit(reason: str = "") -> None:
         _numba_njit = nj
 
 
-if AOT is None:
-    use_jit()
-elif "numba" in sys.modules:
+if "numba" in sys.modules:
     _configure(sys.modules["numba"])
+# Without the compiled module every kernel is still a proxy (with no compiled signature): numba is imported
+# and the JIT takes over at the first kernel call, not here, so importing a module with kernels stays cheap.
 
 
 def njit(fn=None, **options):
-    """``numba.njit(cache=True, **options)``, or its compiled-module proxy."""
+    """``numba.njit(cache=True, **options)`` once the JIT is in use, else a proxy: of the compiled module,
+    or of none (then its first call switches the process to the JIT)."""
     def wrap(f):
         if _numba_njit is not None:
             return _jit(f, options)

@@ -28,13 +28,15 @@ import threading
 from collections import OrderedDict
 
 import numpy as np
-import pyarrow as pa
 
 from shardfeed.formats.engine import decompressed
 from shardfeed.formats.engine.kernels import copy_ranges
 from shardfeed.formats.errors import ShardError
+from shardfeed.formats.lazy import lazy_module
 from shardfeed.formats.readers import ColumnarShardReader
 from shardfeed.formats.sidecar import as_numpy
+
+pa = lazy_module("pyarrow", globals(), "pa")  # Parquet and Arrow shards only: a tar read never imports it
 
 KEY = "__key__"
 _RUN = 8  # rows in a contiguous run taken as stored order (the chance of a random one: nil)

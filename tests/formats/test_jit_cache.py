@@ -46,3 +46,28 @@ def test_a_user_choice_of_cache_folder_wins(tmp_path):
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == str(tmp_path)
+
+
+def test_the_remembered_key_is_the_computed_one_and_follows_every_change(tmp_path):
+    src = os.path.dirname(__import__("shardfeed.shuffling", fromlist=["x"]).__file__)
+    dirs = [str(tmp_path / "shuffling")]
+    shutil.copytree(src, dirs[0], ignore=shutil.ignore_patterns("__pycache__"))
+    memo = str(tmp_path / "cache" / "source-keys.json")
+    first = jit.memo_source_key(dirs, memo)
+    assert first == jit.source_key(dirs) and os.path.exists(memo)
+    assert jit.memo_source_key(dirs, memo) == first  # served from the memo
+    # a change of one byte that keeps the size and puts the mtime back: still a new key (ctime moved)
+    path = os.path.join(dirs[0], "permutation.py")
+    st = os.stat(path)
+    data = bytearray(open(path, "rb").read())
+    data[-2] = ord("#") if data[-2] != ord("#") else ord(" ")
+    with open(path, "r+b") as f:
+        f.write(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.stat(path).st_size == st.st_size and os.stat(path).st_mtime_ns == st.st_mtime_ns
+    assert jit.memo_source_key(dirs, memo) == jit.source_key(dirs) != first
+    # a damaged memo is ignored and rewritten
+    with open(memo, "w") as f:
+        f.write("{not json")
+    assert jit.memo_source_key(dirs, memo) == jit.source_key(dirs)
+    assert jit.KEY == jit.source_key(jit._package_dirs())  # this process's key is the computed one

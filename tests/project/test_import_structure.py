@@ -1,6 +1,8 @@
-"""What a fresh process imports: `import shardfeed.loader` loads no submodule and no heavy dependency, and
-reading the first batch of a local tar dataset imports only what that read needs (no Parquet reader,
-fsspec, zstandard, matplotlib, pandas, mixture or streaming code; no numba when the compiled kernels serve).
+"""What a fresh process imports: `import shardfeed.loader` loads no submodule and no heavy dependency;
+`from shardfeed.loader import Loader, ShardDataset` imports neither pyarrow, numba, fsspec nor
+cloudpickle, with or without the compiled kernels; and reading the first batch of a local tar dataset
+imports only what that read needs (no pyarrow at all, no fsspec, zstandard, matplotlib, pandas, mixture
+or streaming code; no numba when the compiled kernels serve).
 
 Structural, not timed: each check runs in a new interpreter and inspects sys.modules."""
 
@@ -44,6 +46,20 @@ def test_import_shardfeed_loader_imports_no_submodule_and_nothing_heavy(aot):
     assert ours == ["shardfeed.formats", "shardfeed.formats.lazy", "shardfeed.loader"]
 
 
+# what no import of the loader's names needs, compiled kernels or not (numba: imported at the first
+# kernel call when they are missing, not when a module with kernels is imported)
+NOT_AT_IMPORT = ("pyarrow", "numba", "llvmlite", "fsspec", "cloudpickle", "pandas", "zstandard", "secrets")
+
+
+@pytest.mark.parametrize("aot", ["1", "0"])
+def test_importing_loader_and_dataset_imports_no_heavy_dependency(aot):
+    got = _fresh("import json, sys, torch\nbefore = set(sys.modules)\n"
+                 "from shardfeed.loader import Loader, ShardDataset\n"
+                 "print(json.dumps(sorted(set(sys.modules) - before)))", SHARDFEED_AOT=aot)
+    assert "shardfeed.loader.dataset" in got
+    assert [m for m in got if m.split(".")[0] in NOT_AT_IMPORT] == []
+
+
 def test_public_names_still_import_and_name_their_modules():
     got = _fresh("import json\nfrom shardfeed.loader import BatchSchedule, Loader, Mixture, ShardDataset, Stage,"
                  " WorkerError\nfrom shardfeed.formats import ShardError, ShardWriter, open_index\n"
@@ -69,5 +85,6 @@ def test_first_batch_of_a_local_tar_read_imports_only_what_the_read_needs(tmp_pa
         mods = set(got["mods"])
         assert "shardfeed.formats.engine.batch" in mods  # the read did happen, through the batch reader
         assert sorted(mods & set(NEVER) - (set() if got["aot"] else {"numba"})) == [], order
+        assert [m for m in mods if m.split(".")[0] in ("pyarrow", "cloudpickle")] == [], order  # index, sidecars
         if got["aot"]:  # the compiled kernels serve: numba stays out (without them the JIT needs it)
             assert not [m for m in mods if m.startswith(("numba", "llvmlite"))]

@@ -11,6 +11,11 @@ collection ran during start-up or during those 20 batches: start-up pauses the c
 (formats/lazy.py), so a pass due to torch's objects shows there, not in the start-up figure. A run
 that imported numba (the compiled kernels did not serve: run ``shardfeed warm``) is counted.
 
+Bytecode: shardfeed's modules are compiled first (``shardfeed warm`` does the same), as an installed
+package has them (pip compiles them at install), and the children may write caches of anything else.
+Without this an environment with ``PYTHONDONTWRITEBYTECODE=1`` and a checkout without ``__pycache__``
+makes every child compile every shardfeed module from source (measured: about twice the import).
+
 Figures are medians over the fresh processes, with the 1-minute load average before and after (a busy
 machine stretches wall time first).
 """
@@ -70,8 +75,9 @@ def write_dataset(folder: str, samples: int, size: int) -> str:
 
 
 def fresh(folder: str, order: str, batch_size: int) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     done = subprocess.run([sys.executable, "-c", CHILD, folder, order, str(batch_size)], capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=300, env=env)
     if done.returncode:
         return {"status": f"error: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}"}
     return {"status": "ok", **json.loads(done.stdout.strip().splitlines()[-1])}
@@ -91,6 +97,9 @@ def main(args: argparse.Namespace) -> int:
     out = os.path.abspath(args.out)
     folder = write_dataset(os.path.join(out, "data", f"startup-tar-{args.size}B-{args.samples}"), args.samples,
                            args.size)
+    from shardfeed.tools.warm import compile_bytecode
+
+    compile_bytecode()
     load_before = os.getloadavg()[0]
     runs = {o: [] for o in ORDERS}
     for _ in range(args.repeat):

@@ -1,0 +1,355 @@
+"""The two Arrow IPC files shardfeed writes itself (index.arrow, .idx sidecars), read without pyarrow.
+
+A fresh process reading a local tar dataset opens one index and a sidecar per shard, and
+pyarrow's import alone (~45 ms after torch) was most of its start-up. Their schemas are
+fixed (index.py, sidecar.py), so ``read`` takes exactly the layout pyarrow's file writer
+gives them: magic, the schema message, dictionary and record batch messages back to back,
+the end-of-stream marker, the footer (whose schema and blocks are the ones read). Anything else, damaged or merely laid out otherwise
+(another writer, nulls, compression, more batches), it declines (``Declined``) and the
+caller reads the file with pyarrow as before, so pyarrow stays the judge of every file this
+reader does not take, with its own error messages.
+
+What it takes it checks at least as strictly as ``pa.ipc.open_file(...).read_all()``
+followed by ``validate(full=True)``: every flatbuffer offset, vtable and vector lies inside
+its message and is aligned; the footer's blocks are exactly the messages there; every buffer lies inside its message body; offsets start at or above 0,
+never decrease and end inside their data; dictionary indices lie inside the dictionary;
+strings are UTF-8 and no offset splits a character. tests/formats/test_arrow_ipc.py
+flips and truncates real files and checks that whatever this reader accepts, pyarrow
+accepts with the same values.
+
+Not a library: nanoarrow 0.9's import costs 33-42 ms of CPU after torch here (more than
+the whole import budget) and its Python bindings read the IPC stream only, not the file
+footer pyarrow checks; arro3-io 0.9 imports in ~4 ms but exposes no buffers of string
+columns (``Array.buffer()`` is unimplemented for them), so keys would come out one Python
+str at a time.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+MAGIC = b"ARROW1"
+_V5 = 4  # MetadataVersion.V5, what pyarrow >= 1.0 writes
+_SCHEMA, _DICTIONARY, _RECORD_BATCH = 1, 2, 3  # MessageHeader union
+_INT, _UTF8, _LIST, _LARGE_LIST = 2, 5, 12, 21  # Type union
+_WIDTH = {"int16": 2, "int32": 4, "int64": 8, "uint64": 8}
+_CONT = 0xFFFFFFFF
+
+
+class Declined(Exception):
+    """Not a file ``read`` takes: damaged, or laid out in a way it does not read (pyarrow reads it instead)."""
+
+
+class _Buf:
+    """Bounds- and alignment-checked little-endian reads of one flatbuffer (``mv[lo:hi]``)."""
+
+    __slots__ = ("mv", "lo", "hi")
+
+    def __init__(self, mv: memoryview, lo: int, hi: int):
+        self.mv, self.lo, self.hi = mv, lo, hi
+
+    def get(self, fmt: str, pos: int, size: int):
+        if pos < 0 or pos + size > self.hi - self.lo or pos % size:
+            raise Declined(f"flatbuffer read of {size} bytes at {pos} outside or misaligned")
+        return struct.unpack_from(fmt, self.mv, self.lo + pos)[0]
+
+    def table(self, pos: int, known: int) -> _Table:
+        return _Table(self, pos, known)
+
+    def root(self, known: int) -> _Table:
+        return _Table(self, self.get("<I", 0, 4), known)
+
+
+class _Table:
+    """A flatbuffer table whose fields past the first ``known`` must be absent (unknown: declined)."""
+
+    __slots__ = ("b", "pos", "slots")
+
+    def __init__(self, b: _Buf, pos: int, known: int):
+        self.b, self.pos = b, pos
+        vt = pos - b.get("<i", pos, 4)
+        vsize, tsize = b.get("<H", vt, 2), b.get("<H", vt + 2, 2)
+        if vsize < 4 or vsize % 2 or tsize < 4 or pos + tsize > b.hi - b.lo or vt + vsize > b.hi - b.lo:
+            raise Declined("bad flatbuffer vtable")
+        self.slots = struct.unpack_from(f"<{(vsize - 4) // 2}H", b.mv, b.lo + vt + 4)
+        if any(s and (s < 4 or s >= tsize) for s in self.slots) or any(self.slots[known:]):
+            raise Declined("flatbuffer table has a field outside it or one this reader does not know")
+
+    def _at(self, i: int) -> int:
+        return self.pos + self.slots[i] if i < len(self.slots) and self.slots[i] else 0
+
+    def scalar(self, i: int, fmt: str, default=0):
+        p = self._at(i)
+        return self.b.get(fmt, p, struct.calcsize(fmt)) if p else default
+
+    def _target(self, i: int) -> int:
+        p = self._at(i)
+        return p + self.b.get("<I", p, 4) if p else 0
+
+    def table(self, i: int, known: int) -> _Table | None:
+        t = self._target(i)
+        return self.b.table(t, known) if t else None
+
+    def vector(self, i: int, width: int, align: int = 4) -> tuple[int, int]:
+        """(first element's position, element count); (0, 0) when absent."""
+        t = self._target(i)
+        if not t:
+            return 0, 0
+        return self._vector_at(t, width, align)
+
+    def _vector_at(self, t: int, width: int, align: int) -> tuple[int, int]:
+        n = self.b.get("<I", t, 4)
+        if (n and (t + 4) % align) or t + 4 + n * width > self.b.hi - self.b.lo:  # an empty one: any place
+            raise Declined("flatbuffer vector outside its buffer or misaligned")
+        return t + 4, n
+
+    def tables(self, i: int, known: int) -> list[_Table]:
+        start, n = self.vector(i, 4)
+        return [self.b.table(start + 4 * k + self.b.get("<I", start + 4 * k, 4), known) for k in range(n)]
+
+    def string(self, i: int) -> bytes | None:
+        t = self._target(i)
+        if not t:
+            return None
+        start, n = self._vector_at(t, 1, 4)
+        if start + n >= self.b.hi - self.b.lo or self.b.mv[self.b.lo + start + n] != 0:
+            raise Declined("flatbuffer string without its terminating NUL")
+        return bytes(self.b.mv[self.b.lo + start:self.b.lo + start + n])
+
+    def structs(self, i: int, fmt: str) -> list[tuple]:
+        size = struct.calcsize(fmt)
+        start, n = self.vector(i, size, 8)
+        return [struct.unpack_from(fmt, self.b.mv, self.b.lo + start + size * k) for k in range(n)]
+
+
+def _metadata(t: _Table, i: int) -> dict:
+    out = {}
+    for kv in t.tables(i, 2):
+        k, v = kv.string(0), kv.string(1)
+        if k is None or v is None or k in out:
+            raise Declined("metadata entry without key or value, or twice")
+        out[k] = v
+    return out
+
+
+def _type(field: _Table, nested: bool = True) -> tuple:
+    """A field's type as a tuple: ("utf8",), ("int64",) ..., ("list", child), ("large_list", child),
+    ("dict", id, ("utf8",)). ``nested``: whether it may be a list (a list's child may not: no list of
+    lists is one of the project's, and a forged file nesting them deeply would recurse as deep)."""
+    kind, t = field.scalar(2, "<B"), field.table(3, 2)
+    if t is None:
+        raise Declined("field without a type")
+    children = field.tables(5, 7)
+    if kind == _INT:
+        width, signed = t.scalar(0, "<i"), t.scalar(1, "<?", False)
+        name = f"{'' if signed else 'u'}int{width}"
+        if name not in _WIDTH or children:
+            raise Declined(f"integer type {name} is not one of the project's")
+        out: tuple = (name,)
+    elif kind == _UTF8 and not children and not any(t.slots):
+        out = ("utf8",)
+    elif kind in (_LIST, _LARGE_LIST) and nested and len(children) == 1 and not any(t.slots):
+        c = children[0]  # pyarrow's: a nullable "item" (its name is part of the type, and of the digest)
+        if c.string(0) != b"item" or not c.scalar(1, "<?", False) or c._at(4) or c._at(6):
+            raise Declined("a list child other than pyarrow's nullable 'item'")
+        out = ("list" if kind == _LIST else "large_list", _type(c, False))
+    else:
+        raise Declined(f"type {kind} is not one of the project's")
+    enc = field.table(4, 4)
+    if enc is not None:
+        index = enc.table(1, 2)
+        if index is None or (index.scalar(0, "<i"), index.scalar(1, "<?", False)) != (32, True) \
+                or enc.scalar(2, "<?", False) or enc.scalar(3, "<h") or out != ("utf8",):
+            raise Declined("dictionary encoding other than int32 indices over strings")
+        out = ("dict", enc.scalar(0, "<q"), out)
+    return out
+
+
+def _schema(s: _Table | None) -> tuple[list, dict]:
+    if s is None or s.scalar(0, "<h") != 0 or s.vector(3, 8, 8)[1]:
+        raise Declined("schema missing, big-endian or with features")
+    fields = []
+    for f in s.tables(1, 7):
+        if f.string(0) is None or f._at(6):
+            raise Declined("field without a name, or with metadata")
+        fields.append((f.string(0).decode("utf-8", "strict"), f.scalar(1, "<?", False), _type(f)))
+    return fields, _metadata(s, 2)
+
+
+def _message(mv: memoryview, pos: int, end: int) -> tuple[int, _Table, int, int]:
+    """(header type, header table, body start, body length) of the encapsulated message at ``pos``."""
+    if pos % 8 or pos + 8 > end:
+        raise Declined("message outside the file")
+    cont, size = struct.unpack_from("<Ii", mv, pos)
+    if cont != _CONT or size <= 0 or size % 8 or pos + 8 + size > end:
+        raise Declined("bad message prefix")
+    m = _Buf(mv, pos + 8, pos + 8 + size).root(5)
+    kind, body = m.scalar(1, "<B"), m.scalar(3, "<q")
+    if m.scalar(0, "<h") != _V5 or m._at(4) or body < 0 or body % 8 or pos + 8 + size + body > end:
+        raise Declined("message of another version, with metadata, or a body outside the file")
+    header = m.table(2, {_SCHEMA: 4, _DICTIONARY: 3, _RECORD_BATCH: 5}.get(kind, 0))
+    if header is None:
+        raise Declined("message without a header")
+    return kind, header, pos + 8 + size, body
+
+
+class _Body:
+    """One record batch's field nodes and buffers, taken in schema order (Arrow's pre-order)."""
+
+    def __init__(self, mv: memoryview, batch: _Table, start: int, size: int):
+        if batch._at(3) or batch.vector(4, 8, 8)[1]:
+            raise Declined("compressed batch or variadic buffers")
+        self.mv, self.start, self.size = mv, start, size
+        self.length = batch.scalar(0, "<q")
+        self.nodes, self.buffers = batch.structs(1, "<qq"), batch.structs(2, "<qq")
+        self.n = self.b = 0
+
+    def done(self) -> bool:
+        return self.n == len(self.nodes) and self.b == len(self.buffers)
+
+    def node(self) -> int:
+        """The next array's length (no nulls, so no validity buffer: what pyarrow writes then)."""
+        if self.n >= len(self.nodes):
+            raise Declined("fewer field nodes than the schema needs")
+        length, nulls = self.nodes[self.n]
+        self.n += 1
+        if length < 0 or nulls != 0 or self.buffer()[1] != 0:
+            raise Declined("a negative length, nulls or a validity buffer")
+        return length
+
+    def buffer(self, need: int = 0) -> tuple[int, int]:
+        """(position in the file, length) of the next buffer, which must hold ``need`` bytes."""
+        if self.b >= len(self.buffers):
+            raise Declined("fewer buffers than the schema needs")
+        off, length = self.buffers[self.b]
+        self.b += 1
+        if off < 0 or length < need or off % 8 or off + length > self.size:
+            raise Declined("a buffer outside its body or shorter than its values")
+        return self.start + off, length
+
+    def array(self, dtype: str, count: int) -> np.ndarray:
+        pos, _ = self.buffer(count * _WIDTH[dtype])
+        return np.frombuffer(self.mv, dtype, count, pos)
+
+    def offsets(self, length: int, wide: bool) -> np.ndarray:
+        pos, size = self.buffer()
+        if not length and not size:  # an empty array's offsets may be left out
+            return np.zeros(1, np.int64)
+        dtype = "int64" if wide else "int32"
+        if size < (length + 1) * _WIDTH[dtype]:
+            raise Declined("an offsets buffer shorter than its array")
+        offs = np.frombuffer(self.mv, dtype, length + 1, pos).astype(np.int64)
+        if offs[0] < 0 or bool((np.diff(offs) < 0).any()):
+            raise Declined("offsets below 0 or decreasing")
+        return offs
+
+    def utf8(self, length: int) -> tuple[np.ndarray, np.ndarray]:
+        offs = self.offsets(length, False)
+        pos, size = self.buffer(int(offs[-1]))
+        data = np.frombuffer(self.mv, np.uint8, size, pos)
+        lo, hi = int(offs[0]), int(offs[-1])
+        try:
+            bytes(data[lo:hi]).decode("utf-8", "strict")
+        except UnicodeDecodeError as e:
+            raise Declined("strings that are not UTF-8") from e
+        inner = offs[1:-1][offs[1:-1] < hi]  # each string starts on a character: no continuation byte there
+        if len(inner) and bool(((data[inner] & 0xC0) == 0x80).any()):
+            raise Declined("a string offset inside a UTF-8 character")
+        return offs, data
+
+
+def _column(body: _Body, t: tuple, length: int, dictionaries: dict):
+    if body.node() != length:
+        raise Declined("a column whose length is not the batch's")
+    if t[0] == "utf8":
+        return body.utf8(length)
+    if t[0] in _WIDTH:
+        return body.array(t[0], length)
+    if t[0] in ("list", "large_list"):
+        offs = body.offsets(length, t[0] == "large_list")
+        child = body.node()
+        if child < offs[-1] or t[1][0] not in _WIDTH:
+            raise Declined("list offsets past their values, or values of another type")
+        return offs, body.array(t[1][0], child)
+    values = dictionaries.get(t[1])
+    if values is None:
+        raise Declined("a dictionary column without its dictionary")
+    idx = body.array("int32", length)
+    if length and (int(idx.min()) < 0 or int(idx.max()) >= len(values)):
+        raise Declined("dictionary indices outside the dictionary")
+    return [values[i] for i in idx.tolist()]
+
+
+def read(raw: bytes) -> tuple[list, dict, dict]:
+    """(fields, metadata, columns) of an Arrow IPC file shardfeed wrote: fields as (name, nullable,
+    type tuple); columns by name: utf8 -> (int64 offsets, uint8 data), int -> array, list -> (int64
+    offsets, values array), dictionary -> list of str. Arrays view ``raw``. Declined if not taken."""
+    try:
+        return _read(raw)
+    except (ValueError, IndexError, OverflowError, TypeError, struct.error) as e:  # a check this file lacks
+        raise Declined(f"{type(e).__name__}: {e}") from e
+
+
+def _read(raw: bytes) -> tuple[list, dict, dict]:
+    mv, end = memoryview(raw), len(raw)
+    if end < 32 or raw[:8] != MAGIC + b"\0\0" or raw[-6:] != MAGIC:
+        raise Declined("no Arrow file magic")
+    flen = struct.unpack_from("<i", mv, end - 10)[0]
+    fstart = end - 10 - flen
+    if flen <= 0 or fstart < 16 or fstart % 8:
+        raise Declined("bad footer length")
+    footer = _Buf(mv, fstart, end - 10).root(5)
+    if footer.scalar(0, "<h") != _V5 or footer._at(4):
+        raise Declined("footer of another version or with metadata")
+    fields, meta = _schema(footer.table(1, 4))
+    # the stream's own schema message: where it ends is checked; its fields are not read, as pyarrow's
+    # file reader does not read them either (the footer's copy is the one both use)
+    kind, _, body_at, body_len = _message(mv, 8, fstart)
+    if kind != _SCHEMA or body_len:
+        raise Declined("no schema message first")
+    pos = body_at
+    dictionaries: dict = {}
+    want = {t[1] for _, _, t in fields if t[0] == "dict"}
+    batches = []
+    for blocks, expect in ((footer.structs(2, "<qi4xq"), _DICTIONARY), (footer.structs(3, "<qi4xq"), _RECORD_BATCH)):
+        for offset, meta_len, blen in blocks:
+            kind, header, body_at, body_len = _message(mv, pos, fstart)
+            if (offset, meta_len, blen, kind) != (pos, body_at - pos, body_len, expect):
+                raise Declined("the footer's blocks disagree with the messages")
+            if kind == _DICTIONARY:
+                did = header.scalar(0, "<q")
+                data = header.table(1, 5)
+                if did not in want or did in dictionaries or header.scalar(2, "<?", False) or data is None:
+                    raise Declined("an unexpected, repeated or delta dictionary")
+                body = _Body(mv, data, body_at, body_len)
+                offs, blob = _column(body, ("utf8",), body.length, {})
+                if not body.done():
+                    raise Declined("more nodes or buffers than the dictionary needs")
+                dictionaries[did] = [bytes(blob[offs[i]:offs[i + 1]]).decode() for i in range(len(offs) - 1)]
+            else:
+                batches.append((header, body_at, body_len))
+            pos = body_at + body_len
+    if len(batches) != 1 or set(dictionaries) != want:
+        raise Declined("not exactly one record batch, or a dictionary missing")
+    if pos + 8 != fstart or struct.unpack_from("<Ii", mv, pos) != (_CONT, 0):
+        raise Declined("no end-of-stream marker right before the footer")
+    body = _Body(mv, *batches[0])
+    if body.length < 0:
+        raise Declined("negative batch length")
+    columns = {}
+    for name, _, t in fields:
+        if name in columns:
+            raise Declined(f"column {name!r} twice")
+        columns[name] = _column(body, t, body.length, dictionaries)
+    if not body.done():
+        raise Declined("more nodes or buffers than the schema needs")
+    return fields, meta, columns
+
+
+def type_name(t: tuple) -> str:
+    """pyarrow's ``str()`` of the type (table_digest hashes it); a dictionary column is hashed decoded."""
+    if t[0] in ("list", "large_list"):
+        return f"{t[0]}<item: {type_name(t[1])}>"
+    return {"utf8": "string", "dict": "string"}.get(t[0], t[0])
