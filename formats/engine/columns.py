@@ -30,7 +30,7 @@ from collections import OrderedDict
 import numpy as np
 import pyarrow as pa
 
-from shardfeed.formats.engine import decompressed
+from shardfeed.formats.engine import decompressed, group_share
 from shardfeed.formats.engine.kernels import copy_ranges
 from shardfeed.formats.errors import ShardError
 from shardfeed.formats.readers import ColumnarShardReader
@@ -185,12 +185,20 @@ class ColumnarView:
         self._behind = 0  # groups below this one were dropped by a stored-order run
         self.registered = False  # its fields have field ids (one schema per file: registered once)
 
-    def _decoded(self, g: int) -> Decoded:
+    def _decoded(self, g: int, wait: bool = True) -> Decoded | None:
+        """Group ``g`` decoded; None (only when not ``wait``) while a sibling worker decodes it."""
         got = DECODED.get(self._id, g) if self._parquet else self._mapped.get(g)
         if got is not None:
             return got
-        batch = self.reader._group(g)  # validated in full there: Arrow follows offsets blindly
-        dec = Decoded(batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch]))
+        share = group_share.active() if self._parquet else None
+        name = share.name(self.path, g) if share is not None else None
+        if name is not None:
+            table = share.load(name, lambda: self.reader._group(g), wait)
+            if table is None:
+                return None
+        else:
+            table = self.reader._group(g)  # validated in full there: Arrow follows offsets blindly
+        dec = Decoded(table if isinstance(table, pa.Table) else pa.Table.from_batches([table]))
         if self._parquet:
             DECODED.put(self._id, g, dec, self.path)  # not kept if the budget is held by shards in use
         else:
@@ -227,7 +235,12 @@ class ColumnarView:
         present = np.bincount(groups, minlength=len(start) - 1) > 0
         uniq = np.flatnonzero(present)
         rank = np.cumsum(present) - 1
-        return [self._decoded(g) for g in uniq.tolist()], rank[groups], local - start[groups]
+        # groups a sibling worker is decoding (group_share.py) are taken last, once it is done
+        decs = [self._decoded(g, wait=False) for g in uniq.tolist()]
+        for k, dec in enumerate(decs):
+            if dec is None:
+                decs[k] = self._decoded(int(uniq[k]))
+        return decs, rank[groups], local - start[groups]
 
     def rows(self, local: np.ndarray) -> Rows:
         """The rows ``local`` (indexes in the shard, any order, repeats allowed), in that order."""
