@@ -32,7 +32,6 @@ import xxhash
 
 from shardfeed.formats.compiler.native import hash_fn, preadv_fn
 from shardfeed.formats.engine import columns
-from shardfeed.formats.engine.column_gather import ColumnGather
 from shardfeed.formats.engine.kernels import parse_ints, tar_sizes, warm
 from shardfeed.formats.engine.kernels_batch import NROWS, tar_layout
 from shardfeed.formats.engine.open_shards import MAX_OPEN_SHARDS, OpenShards, TarView
@@ -242,6 +241,8 @@ class BatchReader(SteadyRead):
         col_tables = []
         gather = None  # the columnar samples placed by one jitted call (column_gather.py)
         if groups:
+            from shardfeed.formats.engine.column_gather import ColumnGather  # columnar shards only: pyarrow
+
             pos_of = np.full(len(ids), -1, np.int64)
             pos_of[live] = np.arange(n)
             located = []

@@ -32,8 +32,10 @@ import shutil
 import stat
 import weakref
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import pyarrow as pa
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 ROOT = "/dev/shm"
 PREFIX = "shardfeed-groups-"
@@ -138,6 +140,8 @@ class GroupShare:
             os.close(fd)
 
     def _publish(self, path: str, table: pa.Table) -> bool:
+        import pyarrow as pa  # a loader worker of tar shards never gets here: it need not load pyarrow
+
         try:
             vfs = os.statvfs(self.folder)
             free, size = vfs.f_bavail * vfs.f_frsize, vfs.f_blocks * vfs.f_frsize
@@ -155,6 +159,8 @@ class GroupShare:
 
     @staticmethod
     def _map(path: str) -> pa.Table | None:
+        import pyarrow as pa
+
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         except OSError:

@@ -177,3 +177,34 @@ def test_the_folder_of_a_dead_parent_is_removed(tmp_path):
     share = group_share.GroupShare.for_workers(str(root))
     assert share is not None and share.folder == str(root / f"{group_share.PREFIX}{os.getppid()}")
     assert not dead.exists() and alive.exists() and os.path.isdir(share.folder)
+
+
+_PUBLISH = """
+import fcntl, os, sys, time
+import pyarrow as pa
+path = sys.argv[1]
+fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+time.sleep(1.0)  # the other process finds no file and waits for the lock
+table = pa.table({"__key__": ["p", "q"], "bin": pa.array([b"1", b"22"], pa.large_binary())})
+with pa.OSFile(path + ".tmp", "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+    w.write_table(table)
+os.replace(path + ".tmp", path)
+"""
+
+
+@needs_shm
+def test_a_group_published_while_waiting_for_its_lock_is_mapped_not_decoded_again():
+    folder = tempfile.mkdtemp(dir=group_share.ROOT)
+    try:
+        path = os.path.join(folder, "g.arrow")
+        holder = subprocess.Popen([sys.executable, "-c", _PUBLISH, path], stdout=subprocess.PIPE)
+        assert holder.stdout.readline() == b"held\n"
+        decoded = []
+        got = group_share.GroupShare(folder).load("g.arrow", lambda: decoded.append(1), wait=True)
+        assert holder.wait(timeout=30) == 0
+        assert not decoded and got.column("__key__").to_pylist() == ["p", "q"]
+        assert group_share.GroupShare(folder).load("g.arrow", lambda: decoded.append(1), wait=False) is not None
+    finally:
+        shutil.rmtree(folder)
