@@ -363,6 +363,10 @@ class MakerFactory:
         self.dataset, self.collate_fn, self.readers = dataset, collate_fn, readers
 
     def __call__(self):
+        if self.readers > 1:  # siblings decode each Parquet row group once between them
+            from shardfeed.formats.engine.group_share import share_in_this_process
+
+            share_in_this_process()
         if getattr(self.dataset, "cache", None) is not None:  # sizes what each reader keeps pinned
             return self.dataset.maker(self.collate_fn, readers=self.readers)
         maker = self.dataset.maker(self.collate_fn)

@@ -239,21 +239,35 @@ class BatchReader(SteadyRead):
             sizes[tar_pos] = tsz
         pos_of = None
         col_tables = []
+        gather = None  # the columnar samples placed by one jitted call (column_gather.py)
         if groups:
+            from shardfeed.formats.engine.column_gather import ColumnGather  # columnar shards only: pyarrow
+
             pos_of = np.full(len(ids), -1, np.int64)
             pos_of[live] = np.arange(n)
-        for view, rows in groups:
-            try:
-                tbl = view.rows(local[rows])
-            except ShardError as e:
-                if not self.skip:
-                    raise
-                errors.append(ReadError.of(e, len(rows)))
-                keep[rows] = False
-                return None
-            columns.register_fields(tbl, self.field_ids)
-            col_tables.append((pos_of[rows], tbl))
-            sizes[pos_of[rows]] += columns.row_bytes(tbl)
+            located = []
+            for view, rows in groups:
+                try:
+                    decs, gi, grow = view.locate(local[rows])
+                except ShardError as e:
+                    if not self.skip:
+                        raise
+                    errors.append(ReadError.of(e, len(rows)))
+                    keep[rows] = False
+                    return None
+                if decs and not view.registered:
+                    columns.register_fields(decs[0].table, self.field_ids)
+                    view.registered = True
+                located.append((rows, decs, gi, grow))
+            gather = ColumnGather.of(located, pos_of, self.field_ids)
+            if gather is not None:
+                col_sizes, col_ksizes = gather.sizes()
+                sizes[gather.prow] += col_sizes
+            else:
+                for rows, decs, gi, grow in located:
+                    tbl = columns.rows_of(decs, gi, grow)
+                    col_tables.append((pos_of[rows], tbl))
+                    sizes[pos_of[rows]] += columns.row_bytes(tbl)
         dst_pos = np.zeros(n + 1, np.int64)
         np.cumsum(sizes, out=dst_pos[1:])
         total = int(dst_pos[-1])
@@ -275,15 +289,23 @@ class BatchReader(SteadyRead):
             if self._mapped > self.mapped_budget:
                 self.release_pages()
         keys = None
-        if len(tar_pos) < n or not len(tar_pos):
+        typed: dict[str, list] = {}
+        text_fields: set[str] = set()
+        if gather is not None:
+            col_blob = gather.place(n, buf, dst_pos, fstart, fsize, col_ksizes, self.field_ids, typed, text_fields)
+            if not len(tar_pos):
+                key_blob = col_blob  # every sample columnar: keys stay one blob, as for tar
+            else:
+                keys_np = np.array(col_blob.decode("utf-8").split("\0"), dtype=object)
+                keys_np[tar_pos] = key_blob.decode("utf-8").split("\0")
+                keys = keys_np.tolist()
+        elif len(tar_pos) < n or not len(tar_pos):
             keys_np = np.empty(n, dtype=object)
             if len(tar_pos):
                 keys_np[tar_pos] = key_blob.decode("utf-8").split("\0")
             for prow, tbl in col_tables:
                 keys_np[prow] = np.array(tbl.column(columns.KEY).to_pylist(), dtype=object)
             keys = keys_np.tolist()
-        typed: dict[str, list] = {}
-        text_fields: set[str] = set()
         for prow, tbl in col_tables:
             columns.place(tbl, prow, buf, dst_pos[prow].copy(), fstart, fsize, self.field_ids, typed, text_fields)
         fields = self._fields(fstart, fsize, typed, text_fields, n)

@@ -29,7 +29,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from shardfeed.formats.engine import decompressed
+from shardfeed.formats.engine import decompressed, group_share
 from shardfeed.formats.engine.kernels import copy_ranges
 from shardfeed.formats.errors import ShardError
 from shardfeed.formats.lazy import lazy_module
@@ -185,27 +185,36 @@ class ColumnarView:
         self._parquet = getattr(reader, "_pf", None) is not None
         self._mapped: dict[int, Decoded] = {}
         self._behind = 0  # groups below this one were dropped by a stored-order run
+        self.registered = False  # its fields have field ids (one schema per file: registered once)
 
-    def _decoded(self, g: int) -> Decoded:
+    def _decoded(self, g: int, wait: bool = True) -> Decoded | None:
+        """Group ``g`` decoded; None (only when not ``wait``) while a sibling worker decodes it."""
         got = DECODED.get(self._id, g) if self._parquet else self._mapped.get(g)
         if got is not None:
             return got
-        batch = self.reader._group(g)  # validated in full there: Arrow follows offsets blindly
-        dec = Decoded(batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch]))
+        share = group_share.active() if self._parquet else None
+        name = share.name(self.path, g) if share is not None else None
+        if name is not None:
+            table = share.load(name, lambda: self.reader._group(g), wait)
+            if table is None:
+                return None
+        else:
+            table = self.reader._group(g)  # validated in full there: Arrow follows offsets blindly
+        dec = Decoded(table if isinstance(table, pa.Table) else pa.Table.from_batches([table]))
         if self._parquet:
             DECODED.put(self._id, g, dec, self.path)  # not kept if the budget is held by shards in use
         else:
             self._mapped[g] = dec
         return dec
 
-    def rows(self, local: np.ndarray) -> Rows:
-        """The rows ``local`` (indexes in the shard, any order, repeats allowed), in that order."""
+    def locate(self, local: np.ndarray) -> tuple[list[Decoded], np.ndarray, np.ndarray]:
+        """The rows ``local`` (indexes in the shard, any order, repeats allowed) as (their
+        decoded groups, ascending; each row's group among them; its row in that group)."""
         start = self.reader.group_start
         n = len(local)
         if n and local[-1] - local[0] == n - 1 and bool(np.all(np.diff(local) == 1)):
             g0 = int(np.searchsorted(start, local[0], side="right") - 1)  # a stored-order run
             g1 = int(np.searchsorted(start, local[-1], side="right") - 1)
-            segments = []
             if self._parquet and n >= _RUN:
                 # a stored-order run past these groups: a loader worker that takes
                 # every other batch never reads a group's last rows itself, so
@@ -214,27 +223,46 @@ class ColumnarView:
                 for g in range(self._behind, g0):
                     DECODED.drop_group(self._id, g)
                 self._behind = g0
+            decs = []
             for g in range(g0, g1 + 1):
-                sel = np.flatnonzero((local >= start[g]) & (local < start[g + 1])) if g1 > g0 else np.arange(n)
-                segments.append((self._decoded(g), local[sel] - start[g], sel))
+                decs.append(self._decoded(g))
                 if self._parquet and local[-1] >= start[g + 1] - 1:
                     # read to its end in stored order: next needed next epoch, so
                     # give its memory back now (the allocator reuses it at once)
                     DECODED.drop_group(self._id, g)
-        else:
-            groups = np.searchsorted(start, local, side="right") - 1
-            uniq = np.unique(groups).tolist()
-            segments = []
-            for g in uniq:
-                sel = np.flatnonzero(groups == g) if len(uniq) > 1 else np.arange(n)
-                segments.append((self._decoded(g), local[sel] - start[g], sel))
-        names = segments[0][0].names if segments else [KEY]
-        return Rows(names, segments, n)
+            groups = np.searchsorted(start, local, side="right") - 1 if g1 > g0 else np.full(n, g0, np.int64)
+            return decs, groups - g0, local - start[groups]
+        groups = np.searchsorted(start, local, side="right") - 1
+        # the groups' ranks by counting, not np.unique's sort (~40 us a call, once per shard per batch)
+        present = np.bincount(groups, minlength=len(start) - 1) > 0
+        uniq = np.flatnonzero(present)
+        rank = np.cumsum(present) - 1
+        # groups a sibling worker is decoding (group_share.py) are taken last, once it is done
+        decs = [self._decoded(g, wait=False) for g in uniq.tolist()]
+        for k, dec in enumerate(decs):
+            if dec is None:
+                decs[k] = self._decoded(int(uniq[k]))
+        return decs, rank[groups], local - start[groups]
+
+    def rows(self, local: np.ndarray) -> Rows:
+        """The rows ``local`` (indexes in the shard, any order, repeats allowed), in that order."""
+        return rows_of(*self.locate(local))
 
     def close(self) -> None:
         DECODED.drop(self._id)
         self._mapped = {}
         self.reader.close()
+
+
+def rows_of(decs: list[Decoded], gi: np.ndarray, grow: np.ndarray) -> Rows:
+    """Rows from ColumnarView.locate's answer."""
+    n = len(gi)
+    segments = []
+    for k, dec in enumerate(decs):
+        sel = np.flatnonzero(gi == k) if len(decs) > 1 else np.arange(n)
+        segments.append((dec, grow[sel], sel))
+    names = segments[0][0].names if segments else [KEY]
+    return Rows(names, segments, n)
 
 
 def is_binary(t) -> bool:
