@@ -186,22 +186,28 @@ class Budget:
                                 self._plan()):
             if freed >= need:
                 break
-            pin = FileLock(os.path.join(self.lock_dir, key + ".pin"))
-            if not pin.acquire(blocking=False):
+            if not self.remove_unpinned(key):
                 continue  # PINNED: a reader (in any process) holds it
-            try:
-                base = os.path.join(self.data_dir, key)
-                # Every fetcher pins first, so with the pin held exclusively nobody is
-                # inside the fetch lock either: its file can go too (FileLock re-checks
-                # the inode, so a waiter on the old file retries on a new one).
-                for p in (base, base + SIDECAR, base + NO_SIDECAR, os.path.join(self.lock_dir, key + ".fetch")):
-                    unlink_quiet(p)
-                pin.unlink_locked()
-            finally:
-                pin.release()
             freed += entries[key][0]
             self._count(evictions=1)
         return freed
+
+    def remove_unpinned(self, key: str) -> bool:
+        """Remove entry ``key`` (its file, sidecar and locks) unless a reader pins it; whether it went."""
+        pin = FileLock(os.path.join(self.lock_dir, key + ".pin"))
+        if not pin.acquire(blocking=False):
+            return False
+        try:
+            base = os.path.join(self.data_dir, key)
+            # Every fetcher pins first, so with the pin held exclusively nobody is
+            # inside the fetch lock either: its file can go too (FileLock re-checks
+            # the inode, so a waiter on the old file retries on a new one).
+            for p in (base, base + SIDECAR, base + NO_SIDECAR, os.path.join(self.lock_dir, key + ".fetch")):
+                unlink_quiet(p)
+            pin.unlink_locked()
+        finally:
+            pin.release()
+        return True
 
 
 def unlink_quiet(path: str) -> None:

@@ -66,28 +66,50 @@ class CostModel:
                 "gap_bytes": self.gap_bytes(), "requests_observed": self.samples}
 
 
-RESERVE_SHARE = 1 / 32  # of the budget, kept free for ranges in flight and partial copies
-
-
-def range_reserve(limit_bytes: int, total_bytes: int, sidecar_share: float, expected_bytes: int,
-                  worst_bytes: int = 0, fixed_bytes: int = 0) -> int:
+def range_reserve(limit_bytes: int, total_bytes: int, sidecar_share: float, samples: int, batch: int,
+                  batches_held: int, worst_bytes: int = 0, fixed_bytes: int = 0) -> int:
     """Bytes of the budget kept free of whole shards when the data does not fit
-    (ranged_reads.py): a share of the budget, the sidecars of the shards left
-    outside and what the node's ranges hold on average (``expected_working``),
-    and never less than what they pin at worst (``range_working``) beside what
-    eviction cannot free: whole shards a reader keeps open are pinned, so they
-    must never hold room a waiting reader needs."""
-    outside = max(0.0, 1.0 - limit_bytes / max(1, total_bytes * (1 + sidecar_share)))
-    usual = limit_bytes * RESERVE_SHARE + total_bytes * sidecar_share * outside + expected_bytes
-    return int(max(usual, worst_bytes + fixed_bytes))
+    (ranged_reads.py): what the node's ranges hold on average, never less than
+    what they pin at worst (``range_working``), beside what eviction cannot free
+    (``fixed_bytes``: the mirrored index, the plans). Whole shards a reader keeps
+    open are pinned, so they must never hold room a waiting reader needs.
+
+    On average the ranges hold the sidecars of the shards not held whole (each
+    partial copy keeps its own) and ``batches_held`` batches of ``batch``
+    samples (``expected_working``), only the share of them read from those
+    shards: the shards held whole depend on the reserve, so the share is solved
+    for (a few rounds of a monotone fixed point)."""
+    kept = max(1.0, total_bytes * (1 + sidecar_share))
+    reserve = worst_bytes + fixed_bytes
+    for _ in range(4):
+        outside = min(1.0, max(0.0, 1.0 - (limit_bytes - reserve) / kept))
+        usual = (total_bytes * sidecar_share * outside + fixed_bytes
+                 + expected_working(total_bytes, samples, batch, batches_held, outside))
+        reserve = max(usual, worst_bytes + fixed_bytes)
+    return int(reserve)
 
 
-def expected_working(total_bytes: int, samples: int, shards: int, batch: int, shards_per_step: int,
-                     readers: int, sidecar_share: float) -> int:
-    """Bytes ``readers`` batches hold at once as ranges and sidecars, on average."""
-    avg = total_bytes / max(1, samples)
-    sidecar = sidecar_share * total_bytes / max(1, shards)
-    return int(readers * (batch * avg + shards_per_step * sidecar))
+TAR_EDGES = 768  # bytes of a tar sample no range reads: its first header, its last member's padding (mean)
+
+
+def mean_span(total_bytes: int, samples: int) -> float:
+    """Bytes a sample's range reads, on average: the mean sample less the tar framing outside it."""
+    mean = total_bytes / max(1, samples)
+    return max(mean - TAR_EDGES, mean / 2)
+
+
+def expected_working(total_bytes: int, samples: int, batch: int, batches_held: int, outside: float) -> int:
+    """Bytes ``batches_held`` batches of ``batch`` samples hold as ranges at once, on average,
+    ``outside`` being the share of samples read from shards not held whole: each such
+    sample in the disk blocks its range touches (its span plus one block, on average)."""
+    return int(batches_held * batch * outside * (mean_span(total_bytes, samples) + BLOCK))
+
+
+def batches_held(ranks: int, readers: int, near_steps: int) -> int:
+    """Batches the node's ranges hold at once: each rank's prefetcher brings ``near_steps``
+    steps (its reader's batch among them); a rank's further readers (workers) each pin one more."""
+    ranks = max(1, int(ranks))
+    return ranks * int(near_steps) + max(0, int(readers) - ranks)
 
 
 BLOCK = 4096  # the disk block a sparse partial copy holds whole (ranges.py); the budget counts blocks

@@ -33,6 +33,7 @@ from enum import Enum
 
 import numpy as np
 
+from shardfeed.cache.cost_model import mean_span
 from shardfeed.formats.compiler.jit import njit
 
 MAX_ACCESSES = 1 << 27  # runs one simulation may hold (1 GiB of int64): bounds memory and time
@@ -283,7 +284,6 @@ def block_window(sizes, limit_bytes: int, ranks_per_node: int = 1, margin_bytes:
     return w
 
 
-TAR_EDGES = 768  # bytes of a tar sample no range reads: its first header, its last member's padding (mean)
 
 
 @njit
@@ -317,8 +317,7 @@ def simulate_ranged(sizes, counts, accesses, limit_bytes: int, reserve_bytes: in
     if not isinstance(accesses, Accesses):
         accesses = Accesses.of(accesses)
     if span_bytes is None:
-        mean = sizes / counts
-        span_bytes = np.maximum(mean - TAR_EDGES, mean / 2)
+        span_bytes = np.array([mean_span(a, n) for a, n in zip(sizes, counts)], np.float64)
     kept = sizes * (1 + float(sidecar_share))
     fetched = _ranged(accesses.shards, accesses.samples.astype(np.float64), sizes,
                       np.asarray(span_bytes, np.float64), kept, float(limit_bytes), float(reserve_bytes))
