@@ -292,8 +292,10 @@ class RangedShards(CachedShards):
                 continue  # path_of holds the whole copy and counts it
             mine = local[shard == s]
             count = int(self.index.counts[s])
-            if kind is None and s not in self._partial and \
+            # a shard not open here may be admitted whole at any read (cache/simulate.py models the same)
+            if kind is None and \
                     policy.choose(ref, len(np.unique(mine)), count, policy.ranges_cost(ref, mine), pending) == WHOLE:
+                self._partial.discard(s)  # its partial copy, if any, is removed once the whole copy is here
                 pending += int(ref.size or 0)
                 continue
             pin = policy.fetcher.pin(ref)

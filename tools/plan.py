@@ -89,30 +89,36 @@ def orders(sizes, limit: int, rpn: int, nodes: int) -> list[tuple[str, dict, str
 
 
 def ranged_reserve(counts, sizes, limit: int, rpn: int, batch_size: int, sidecar_share: float, workers: int = 0,
-                   side_bytes: int | None = None, fixed_bytes: int | None = None) -> int:
+                   side_bytes: int | None = None, fixed_bytes: int | None = None, floor: bool = False):
     """The room shardfeed's cache keeps for sample ranges (RangePolicy's reserve, the same
-    functions): ``rpn`` ranks, each with ``workers`` readers (num_workers; 0: one)."""
+    functions): ``rpn`` ranks, each with ``workers`` readers (num_workers; 0: one);
+    ``floor``: (reserve, the worst case of the pins and the metadata, which the cost
+    model's whole shards may take the rest of)."""
     from shardfeed.cache.cost_model import batches_held, range_reserve, range_working
     from shardfeed.cache.ranged_reads import NEAR_STEPS, RANGED_MAX_OPEN, plan_bytes
 
     total, samples = int(np.sum(sizes)), int(np.sum(counts))
     if total * (1 + sidecar_share) <= limit * 1.002:  # as RangePolicy: the data fits
-        return 0
+        return (0, 0) if floor else 0
     readers = rpn * max(1, int(workers))  # every reader of the node pins its own batch
     side = int(sidecar_share * int(np.max(sizes))) if side_bytes is None else int(side_bytes)
     worst = range_working(sizes, counts, side, batch_size, readers, RANGED_MAX_OPEN)
     fixed = rpn * plan_bytes(len(sizes), True) + (0 if fixed_bytes is None else int(fixed_bytes))
-    return range_reserve(limit, total, sidecar_share, samples, batch_size, batches_held(rpn, readers, NEAR_STEPS),
-                         worst, fixed)
+    reserve = range_reserve(limit, total, sidecar_share, samples, batch_size, batches_held(rpn, readers, NEAR_STEPS),
+                            worst, fixed)
+    return (reserve, worst + fixed) if floor else reserve
 
 
 def ranged_epochs(counts, sizes, acc, limit: int, rpn: int, batch_size: int, sidecar_share: float,
                   **reserve_options) -> list[int]:
     """Bytes per epoch of shardfeed's cache on the global order's accesses ``acc`` (cache.simulate)."""
+    from shardfeed.cache.ranged_reads import NEAR_STEPS
     from shardfeed.cache.simulate import simulate_ranged
 
-    reserve = ranged_reserve(counts, sizes, limit, rpn, batch_size, sidecar_share, **reserve_options)
-    return simulate_ranged(sizes, counts, acc, limit, reserve, sidecar_share).tolist()
+    reserve, floor = ranged_reserve(counts, sizes, limit, rpn, batch_size, sidecar_share, floor=True,
+                                    **reserve_options)
+    return simulate_ranged(sizes, counts, acc, limit, reserve, sidecar_share, floor_bytes=floor,
+                           window=NEAR_STEPS * batch_size * rpn).tolist()
 
 
 def simulate_orders(counts, sizes, limit: int, world_size: int, rpn: int, batch_size: int, epochs: int,
