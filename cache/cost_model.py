@@ -121,7 +121,7 @@ def range_blocks(nbytes: int) -> int:
     return 0 if nbytes <= 0 else ((int(nbytes) - 1) // BLOCK + 2) * BLOCK
 
 
-def range_working(sizes, counts, side_bytes: int, batch: int, readers: int, kept_open: int,
+def range_working(sizes, counts, side_bytes: int, batch: int, readers: int, kept_open: int = 0,
                   batch_only: bool = False) -> int:
     """Most budget bytes the node's readers hold pinned as sample ranges while each waits for
     room (the start check, and the reserve every other fetch leaves free: whole shards and
@@ -129,12 +129,15 @@ def range_working(sizes, counts, side_bytes: int, batch: int, readers: int, kept
 
     Each of ``readers`` pins the batch it reads (``batch`` samples, each in the disk blocks
     its range can touch, never more than the shards' own blocks) and the sidecar of every
-    partial copy it has open (its batch's and the ``kept_open`` between reads, counted by
-    size as the budget does); the room asked for is one range, at most the samples of
-    one shard a batch holds. Ranges in flight are not counted: each is dropped once its
-    request ends, whoever waits. ``batch_only``: what the batches still need beside what
-    the cache holds (their ranges and sidecars, not the kept-open sidecars), the headroom
-    a prefetch leaves free."""
+    partial copy it has open (its batch's, and ``kept_open`` between reads; a ranged reader
+    closes its partial copies after each read, so 0), counted by size as the budget does;
+    the room asked for is one range, at most the samples of one shard a batch holds. Ranges
+    in flight are not counted: each is dropped once its request ends, whoever waits.
+
+    ``batch_only``: the headroom a prefetch leaves free, one range a reader: what a reader
+    whose samples were not prefetched needs to go on by itself. A prefetched range is never
+    pinned between reads (partial copies are closed), so a reader short of room evicts it
+    (ranged_reads.py); the headroom only spares it that."""
     import numpy as np
 
     sizes, counts = np.asarray(sizes, np.int64), np.asarray(counts, np.int64)
@@ -143,7 +146,9 @@ def range_working(sizes, counts, side_bytes: int, batch: int, readers: int, kept
         return 0
     stride = int(np.max(np.where(counts > 0, -(-sizes // np.maximum(counts, 1)), 0)))
     per_step = min(batch, shards)
-    content = min(readers * batch * range_blocks(stride), int(np.sum(-(-sizes // BLOCK) * BLOCK)))
-    sidecars = min(shards, readers * (per_step + (0 if batch_only else kept_open))) * int(side_bytes)
     ask = min(int(sizes.max()), (batch - per_step + 1) * stride)
+    if batch_only:
+        return int(readers * range_blocks(ask))
+    content = min(readers * batch * range_blocks(stride), int(np.sum(-(-sizes // BLOCK) * BLOCK)))
+    sidecars = min(shards, readers * (per_step + kept_open)) * int(side_bytes)
     return int(content + sidecars + ask)

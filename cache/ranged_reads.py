@@ -48,7 +48,7 @@ ENABLED: bool | None = {"0": False, "1": True}.get(os.environ.get("SHARDFEED_CAC
 SIDECAR_SHARE = 0.03  # sidecar bytes per shard byte assumed where none was measured (shardfeed plan)
 NEAR_STEPS = 2  # steps (the current one first) a rank's prefetcher brings ahead as ranges
 RANGE_THREADS = 2  # a rank's prefetch threads for sample ranges (small requests: latency-bound)
-RANGED_MAX_OPEN = 8  # shards a ranged reader keeps open (pinned) between reads, at most (the worst case counts them)
+RANGED_MAX_OPEN = 64  # whole shards a ranged reader keeps open between reads (its partial copies: none, see finish)
 PLAN_ENTRY_BYTES = 96  # one key's entry in a published lookahead plan (JSON key and step), rounded up
 # a rank's plan file in the budget: its keys (a shard's, and its partial copy's with ranges), twice (the
 # new file is written beside the old one); SharedLookahead.max_bytes keeps it within this
@@ -115,12 +115,12 @@ class RangePolicy:
 
         sizes = np.asarray(index.sizes, np.int64)
         side = int((entry_bytes(index) - sizes).max()) if len(index) else 0
-        need = range_working(sizes, index.counts, side, batch, readers, RANGED_MAX_OPEN)
+        need = range_working(sizes, index.counts, side, batch, readers)
         held = cm.batches_held(ranks, readers, NEAR_STEPS)
         if need > self.working or not self.fixed or batch > self.batch or held > self.held:  # not every batch
             fixed = self.cache.budget.fixed_bytes(plans=False) + ranks * plan_bytes(len(index), True)
             self.working, self.fixed = max(need, self.working), max(fixed, self.fixed)
-            self.headroom = range_working(sizes, index.counts, side, batch, readers, RANGED_MAX_OPEN, True)
+            self.headroom = range_working(sizes, index.counts, side, batch, readers, batch_only=True)
             # on average: the prefetchers' windows (NEAR_STEPS a rank) and the workers' batches
             self.batch, self.held = max(batch, self.batch), max(held, self.held)
             self._sized()
@@ -321,6 +321,12 @@ class RangedShards(CachedShards):
                 pin.release()
         # a punch skipped (a fetch held the copy) would leave consumed blocks pinned in it for good
         self._unpunched = [(r, m) for r, m in self._unpunched if not self._punch(policy, r, m)] + later
+        if self.forget_view is not None:
+            # closed after each read, so never pinned between reads: what the prefetcher brought into
+            # them stays evictable (no reader waits on it), the worst case counts no kept-open copy,
+            # and the next read sees a shard admitted whole since
+            for s, *_ in token:
+                self.forget_view(s)
 
     @staticmethod
     def _punch(policy, ref, mine) -> bool:

@@ -57,7 +57,7 @@ class BatchMaker:
             if getattr(cached, "ranged", False):
                 from shardfeed.cache.ranged_reads import RANGED_MAX_OPEN
 
-                max_open = RANGED_MAX_OPEN  # the start check counts the sidecars these keep pinned
+                max_open = max(max_open, RANGED_MAX_OPEN)  # whole shards: partial copies close after each read
             extra = dict(path_of=cached.path_of, release=cached.release, max_open=max_open)
         self.reader = BatchReader(index, verify=True, skip=self.policy.skip, read_mode=read_mode, **extra)
         if hasattr(cached, "forget_view"):  # a partial copy admitted whole since: reopened as the whole copy

@@ -95,14 +95,14 @@ def ranged_reserve(counts, sizes, limit: int, rpn: int, batch_size: int, sidecar
     ``floor``: (reserve, the worst case of the pins and the metadata, which the cost
     model's whole shards may take the rest of)."""
     from shardfeed.cache.cost_model import batches_held, range_reserve, range_working
-    from shardfeed.cache.ranged_reads import NEAR_STEPS, RANGED_MAX_OPEN, plan_bytes
+    from shardfeed.cache.ranged_reads import NEAR_STEPS, plan_bytes
 
     total, samples = int(np.sum(sizes)), int(np.sum(counts))
     if total * (1 + sidecar_share) <= limit * 1.002:  # as RangePolicy: the data fits
         return (0, 0) if floor else 0
     readers = rpn * max(1, int(workers))  # every reader of the node pins its own batch
     side = int(sidecar_share * int(np.max(sizes))) if side_bytes is None else int(side_bytes)
-    worst = range_working(sizes, counts, side, batch_size, readers, RANGED_MAX_OPEN)
+    worst = range_working(sizes, counts, side, batch_size, readers)
     fixed = rpn * plan_bytes(len(sizes), True) + (0 if fixed_bytes is None else int(fixed_bytes))
     reserve = range_reserve(limit, total, sidecar_share, samples, batch_size, batches_held(rpn, readers, NEAR_STEPS),
                             worst, fixed)
