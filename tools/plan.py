@@ -6,10 +6,12 @@ several nodes) the bytes one node fetches per epoch through a whole-shard
 cache of --cache-limit bytes, for Belady (clairvoyant: the cache follows the
 plan's lookahead) and LRU, and for the global order what shardfeed's cache
 does ("shardfeed": whole shards while they fit, the samples' byte ranges for
-the rest). The plan is pure, so this replays the node's exact sequence
-(cache.simulate); it is exact for the model (a node's ranks stepping
-together; sample ranges priced at the shard's mean sample), not a guess.
-DATASET may be a URL: its index is mirrored into --cache-dir (no shard is read).
+the rest, with the room it keeps for the ranges of every reader of the node:
+--ranks-per-node x --num-workers). The plan is pure, so this replays the
+node's exact sequence (cache.simulate); it is exact for the model (a node's
+ranks stepping together; sample ranges priced at the shard's mean sample),
+not a guess. DATASET may be a URL: its index is mirrored into --cache-dir and
+one sidecar's size is asked (no shard is read).
 Exit codes: 0 shown; 2 the dataset could not be opened or an option is invalid.
 """
 
@@ -244,7 +246,8 @@ def main(args: argparse.Namespace) -> int:
     print(f"{args.dataset}: {plural(len(index), 'shard')}, {plural(int(counts.sum()), 'sample')}, "
           f"{human_bytes(total)}; cache {human_bytes(args.cache_limit)} per node "
           f"({args.cache_limit / total:.0%} of the dataset); {plural(args.world_size, 'rank')}, "
-          f"{plural(nodes, 'node')} of {rpn}, batch {args.batch_size} per rank")
+          f"{plural(nodes, 'node')} of {rpn}, batch {args.batch_size} per rank"
+          + (f", {plural(args.num_workers, 'worker')} each" if args.num_workers else ""))
     later = "later epochs (mean)" if args.epochs > 1 else ""
     print(f"bytes fetched by node {args.node} per epoch (x dataset, x the node's share = dataset / nodes):")
     print()

@@ -6,6 +6,7 @@ shard into the reserve beyond the worst case exactly when the cost model would."
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import numpy as np
@@ -99,3 +100,29 @@ def test_simulator_admits_beyond_the_worst_case_only_for_two_samples_soon():
     assert simulate_ranged(sizes, counts, acc, 250, 200, window=3, **kw).tolist() == [10 + 10 + 100 + 10 + 10]
     assert simulate_ranged(sizes, counts, acc, 250, 200, window=2, **kw).tolist() == [60]  # one read a window
     assert simulate_ranged(sizes, counts, acc, 250, 200, span_bytes=[10, 10], window=3).tolist() == [60]  # no floor
+
+
+@pytest.mark.timeout(300)
+def test_a_ranged_reader_holds_no_partial_copy_open_between_reads(tmp_path, dataset, monkeypatch):
+    """Its partial copies are closed after each read: nothing the prefetcher brought into them
+    is pinned between reads (the worst case counts no kept-open copy), while whole shards stay open."""
+    from cache_servers import RangeServer
+    from shardfeed.cache import ranged_reads
+    from shardfeed.loader import Loader, ShardDataset
+
+    monkeypatch.setattr(ranged_reads, "ENABLED", None)  # samples of 8 KiB: ranges by default
+    index = open_index(dataset)
+    limit = int(0.5 * int(np.sum(index.sizes)) * 1.02)
+    open_ranges, open_whole, batches = 0, 0, 0
+    with RangeServer(dataset) as srv:
+        ds = ShardDataset(srv.url, shuffle="global", seed=3, cache_dir=str(tmp_path / "c"), cache_limit_bytes=limit)
+        with Loader(ds, 8) as loader:
+            for _ in itertools.islice(loader, 12):
+                cached = loader._maker.cached
+                kinds = [cached._kind.get(s) for s in cached._held]
+                open_ranges += kinds.count(ranged_reads.RANGES)
+                open_whole += kinds.count(ranged_reads.WHOLE)
+                batches += 1
+    names = os.listdir(tmp_path / "c" / "data")
+    assert batches == 12 and any(n.startswith("r-") for n in names)  # ranges were read
+    assert open_ranges == 0 and open_whole > 0, (open_ranges, open_whole)
