@@ -67,7 +67,7 @@ class CostModel:
 
 
 def range_reserve(limit_bytes: int, total_bytes: int, sidecar_share: float, samples: int, batch: int,
-                  batches_held: int, worst_bytes: int = 0, fixed_bytes: int = 0) -> int:
+                  batches_held: int, worst_bytes: int = 0, fixed_bytes: int = 0, headroom_bytes: int = 0) -> int:
     """Bytes of the budget kept free of whole shards when the data does not fit
     (ranged_reads.py): what the node's ranges hold on average, never less than
     what they pin at worst (``range_working``), beside what eviction cannot free
@@ -77,13 +77,14 @@ def range_reserve(limit_bytes: int, total_bytes: int, sidecar_share: float, samp
     On average the ranges hold the sidecars of the shards not held whole (each
     partial copy keeps its own) and ``batches_held`` batches of ``batch``
     samples (``expected_working``), only the share of them read from those
-    shards: the shards held whole depend on the reserve, so the share is solved
-    for (a few rounds of a monotone fixed point)."""
+    shards, beside the ``headroom_bytes`` every prefetch leaves free (without
+    it the prefetchers would have no room); the shards held whole depend on
+    the reserve, so the share is solved for (a few rounds of a monotone fixed point)."""
     kept = max(1.0, total_bytes * (1 + sidecar_share))
     reserve = worst_bytes + fixed_bytes
     for _ in range(4):
         outside = min(1.0, max(0.0, 1.0 - (limit_bytes - reserve) / kept))
-        usual = (total_bytes * sidecar_share * outside + fixed_bytes
+        usual = (total_bytes * sidecar_share * outside + fixed_bytes + headroom_bytes
                  + expected_working(total_bytes, samples, batch, batches_held, outside))
         reserve = max(usual, worst_bytes + fixed_bytes)
     return int(reserve)
@@ -134,10 +135,11 @@ def range_working(sizes, counts, side_bytes: int, batch: int, readers: int, kept
     the room asked for is one range, at most the samples of one shard a batch holds. Ranges
     in flight are not counted: each is dropped once its request ends, whoever waits.
 
-    ``batch_only``: the headroom a prefetch leaves free, one range a reader: what a reader
-    whose samples were not prefetched needs to go on by itself. A prefetched range is never
-    pinned between reads (partial copies are closed), so a reader short of room evicts it
-    (ranged_reads.py); the headroom only spares it that."""
+    ``batch_only``: what the batches still need beside what the cache holds (their
+    ranges, their sidecars and one range asked), the headroom a prefetch leaves free.
+    A partial copy is pinned whole while a reader reads it, with whatever the prefetchers
+    brought into it for later steps, so prefetched ranges can be pinned too: a prefetch
+    must leave this free, or readers could wait on pins alone."""
     import numpy as np
 
     sizes, counts = np.asarray(sizes, np.int64), np.asarray(counts, np.int64)
@@ -147,8 +149,6 @@ def range_working(sizes, counts, side_bytes: int, batch: int, readers: int, kept
     stride = int(np.max(np.where(counts > 0, -(-sizes // np.maximum(counts, 1)), 0)))
     per_step = min(batch, shards)
     ask = min(int(sizes.max()), (batch - per_step + 1) * stride)
-    if batch_only:
-        return int(readers * range_blocks(ask))
     content = min(readers * batch * range_blocks(stride), int(np.sum(-(-sizes // BLOCK) * BLOCK)))
-    sidecars = min(shards, readers * (per_step + kept_open)) * int(side_bytes)
+    sidecars = min(shards, readers * (per_step + (0 if batch_only else kept_open))) * int(side_bytes)
     return int(content + sidecars + ask)

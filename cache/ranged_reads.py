@@ -103,7 +103,7 @@ class RangePolicy:
         measured = sum(a for a, _ in seen) / max(1, sum(b for _, b in seen)) if seen else 0.0
         self.fits = total * (1 + measured) <= limit * 1.002  # sidecars as measured so far (a budget of exactly all)
         self.reserve = 0 if self.fits else range_reserve(limit, total, self.sidecar_share, self.samples, self.batch,
-                                                         self.held, self.working, self.fixed)
+                                                         self.held, self.working, self.fixed, self.headroom)
         outside = min(1.0, max(0.0, 1 - (limit - self.reserve) / max(1.0, total * (1 + self.sidecar_share))))
         self.expected = cm.expected_working(total, self.samples, self.batch, self.held, outside)
 
@@ -322,9 +322,8 @@ class RangedShards(CachedShards):
         # a punch skipped (a fetch held the copy) would leave consumed blocks pinned in it for good
         self._unpunched = [(r, m) for r, m in self._unpunched if not self._punch(policy, r, m)] + later
         if self.forget_view is not None:
-            # closed after each read, so never pinned between reads: what the prefetcher brought into
-            # them stays evictable (no reader waits on it), the worst case counts no kept-open copy,
-            # and the next read sees a shard admitted whole since
+            # closed after each read, so never pinned between reads: the worst case counts no kept-open
+            # copy (their sidecars), and the next read sees a shard admitted whole since
             for s, *_ in token:
                 self.forget_view(s)
 

@@ -106,8 +106,9 @@ def ranged_reserve(counts, sizes, limit: int, rpn: int, batch_size: int, sidecar
     side = int(sidecar_share * int(np.max(sizes))) if side_bytes is None else int(side_bytes)
     worst = range_working(sizes, counts, side, batch_size, readers)
     fixed = rpn * plan_bytes(len(sizes), True) + (0 if fixed_bytes is None else int(fixed_bytes))
+    headroom = range_working(sizes, counts, side, batch_size, readers, batch_only=True)
     reserve = range_reserve(limit, total, sidecar_share, samples, batch_size, batches_held(rpn, readers, NEAR_STEPS),
-                            worst, fixed)
+                            worst, fixed, headroom)
     return (reserve, worst + fixed) if floor else reserve
 
 
