@@ -107,10 +107,10 @@ def expected_working(total_bytes: int, samples: int, batch: int, batches_held: i
 
 
 def batches_held(ranks: int, readers: int, near_steps: int) -> int:
-    """Batches the node's ranges hold at once: each rank's prefetcher brings ``near_steps``
-    steps (its reader's batch among them); a rank's further readers (workers) each pin one more."""
-    ranks = max(1, int(ranks))
-    return ranks * int(near_steps) + max(0, int(readers) - ranks)
+    """Batches the node's prefetchers hold beyond the readers' own (which the headroom
+    holds, ``range_working(batch_only=True)``): each rank's prefetcher brings ``near_steps``
+    steps, the first its reader's. ``readers``: unused, as the headroom counts each one."""
+    return max(1, int(ranks)) * max(0, int(near_steps) - 1)
 
 
 BLOCK = 4096  # the disk block a sparse partial copy holds whole (ranges.py); the budget counts blocks
