@@ -55,6 +55,7 @@ class Budget:
         self._plan = plan  # () -> {key: next step}
         self._count = count  # (**counter deltas) -> None
         self._live: set[str] = set()  # temporaries this object made that may still be written to
+        self._sizes: dict[str, tuple] = {}  # name -> (inode, size, blocks, mtime) of content-keyed files (_scan)
 
     _after_listing = None  # tests: called between a scan's listing and its sizes (the rename race)
 
@@ -85,29 +86,47 @@ class Budget:
                         pass
         return total
 
-    def _scan(self):
-        """(complete entries: key -> (bytes, last used), in-flight and fixed bytes, temporaries by key)."""
+    def _scan(self, fresh: bool = False):
+        """(complete entries: key -> (bytes, last used), in-flight and fixed bytes, temporaries by key).
+
+        A file of a content-keyed entry (``h-<hash>``, its sidecar, a partial copy's sidecar)
+        never changes size while it has its name and inode (it appears by a rename, goes by
+        an unlink), so its size is remembered from the last scan rather than asked again:
+        each range fetched scans the folder under the node's lock, and stat-ing every entry
+        each time was most of a prefetch's cost. Partial copies (which grow and are punched),
+        temporaries and other entries are stat-ed every time. ``fresh``: every file stat-ed
+        (last use of the entries as it is now, for LRU eviction)."""
         entries: dict[str, list] = {}
         tmp_bytes, temps = self._meta_bytes(), []
         with os.scandir(self.data_dir) as it:
             listed = list(it)
         if self._after_listing is not None:
             self._after_listing()
+        seen: dict[str, tuple] = {}
         for e in listed:
-            try:
-                st = e.stat()
-            except FileNotFoundError:
-                continue
-            key = e.name.split(".", 1)[0]
-            if ".tmp-" in e.name:
-                tmp_bytes += st.st_size
-                temps.append((key, e.path, st.st_size))
+            name = e.name
+            fixed = ".tmp-" not in name and (name.startswith("h-") or (name.startswith("r-h-") and "." in name))
+            memo = self._sizes.get(name) if fixed and not fresh else None
+            if memo is None or memo[0] != e.inode():
+                try:
+                    st = e.stat()
+                except FileNotFoundError:
+                    continue
+                memo = (e.inode(), st.st_size, st.st_blocks, st.st_mtime)
+            if fixed:
+                seen[name] = memo
+            _, size, blocks, mtime = memo
+            key = name.split(".", 1)[0]
+            if ".tmp-" in name:
+                tmp_bytes += size
+                temps.append((key, e.path, size))
                 continue
             rec = entries.setdefault(key, [0, 0.0])
             # a partial copy (ranged_reads.py) is sparse: count the disk it holds, not its size
-            rec[0] += st.st_blocks * 512 if e.name.startswith("r-") and "." not in e.name else st.st_size
-            if "." not in e.name:
-                rec[1] = st.st_mtime
+            rec[0] += blocks * 512 if name.startswith("r-") and "." not in name else size
+            if "." not in name:
+                rec[1] = mtime
+        self._sizes = seen
         return {k: (b, t) for k, (b, t) in entries.items()}, tmp_bytes, temps
 
     def make_room_and_create(self, key: str, suffix: str, size: int, url: str, folder: str | None = None,
@@ -128,6 +147,9 @@ class Budget:
                 entries, tmp_bytes, temps = self._scan()
                 tmp_bytes -= self._drop_orphans(temps, mine=key)
                 used = tmp_bytes + sum(b for b, _ in entries.values())
+                if used + size + headroom > self.limit_bytes and not headroom:
+                    entries, tmp_bytes, _ = self._scan(fresh=True)  # whole entries may go: their last use now
+                    used = tmp_bytes + sum(b for b, _ in entries.values())
                 if used + size + headroom > self.limit_bytes:
                     # a prefetch evicts only ranges the plan does not read: a whole shard, or a partial
                     # copy the plan reads, it evicted would be fetched again (its sidecar with it)

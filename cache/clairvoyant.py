@@ -97,15 +97,24 @@ class PlanPrefetcher:
     def _fetch(self, ref, sidecar) -> None:
         try:
             if self._stop.is_set() or ref.url not in self._wanted:
+                self._count(prefetch_passed=1)
                 return  # the consumer moved on before this fetch started
+            if self.cache.contains(ref.url, ref.hash, ref.version):
+                self._count(prefetch_present=1)
+                return
             self.cache.get(ref.url, ref.hash, ref.size, sidecar=sidecar, cancel=self._stop, version=ref.version)
+            self._count(prefetch_shards=1)
         except Cancelled:
             pass
         except Exception:  # noqa: BLE001 - see the module docstring
             self.errors += 1
+            self._count(prefetch_errors=1)
         finally:
             with self._cv:
                 self._inflight.discard(ref.url)
+
+    def _count(self, **delta) -> None:
+        self.cache._add(**delta)  # the cache's stats(): the Loader adds them to its own (loader/stats.py)
 
     def close(self) -> None:
         if self._stop.is_set():
@@ -167,30 +176,39 @@ class SamplePrefetcher(PlanPrefetcher):
         import os
 
         try:
-            if self._stop.is_set() or ref.url not in self._wanted or self.cache.contains(ref.url, ref.hash, ref.version):
+            if self._stop.is_set() or ref.url not in self._wanted:
+                self._count(prefetch_passed=1)
+                return
+            if self.cache.contains(ref.url, ref.hash, ref.version):
+                self._count(prefetch_present=1)
                 return
             local, steps = local
             local = local[steps >= self._step]  # samples of steps the consumer passed: read already
             if not len(local):
+                self._count(prefetch_passed=1)
                 return
             fetcher = self.policy.fetcher
             if not os.path.exists(fetcher.path(ref)) and \
                     self.policy.choose(ref, len(local), count, self.policy.ranges_cost(ref, local)) == "whole":
                 self.cache.get(ref.url, ref.hash, ref.size, sidecar=True, cancel=self._stop, version=ref.version)
+                self._count(prefetch_shards=1)
                 return
             pin = fetcher.pin(ref)
             try:
                 # beyond the room the node's readers may need (else a reader could wait on what it prefetched)
                 _, n = fetcher.ensure(ref, local, count, cancel=self._stop, headroom=max(1, self.policy.headroom))
                 self.fetched_samples += n
+                self._count(**({"prefetch_samples": n} if n else {"prefetch_present": 1}))
             finally:
                 pin.release()
         except NoRoom:
             self.skipped += 1  # the readers fetch it themselves when they come to it
+            self._count(prefetch_skipped=1)
         except Cancelled:
             pass
         except Exception:  # noqa: BLE001 - see the module docstring
             self.errors += 1
+            self._count(prefetch_errors=1)
         finally:
             with self._cv:
                 self._inflight.discard(ref.url)

@@ -60,6 +60,15 @@ class FetchOptions:
             raise ValueError(f"FetchOptions needs stall_s and deadline_s > 0 and min_rate >= 0, got {self}")
 
 
+# What a prefetcher (clairvoyant.py) did, in its cache's stats() and so in Loader.stats():
+# samples it brought as ranges and whole shards it brought; shards of its window found
+# complete already; shards given up for room (budget.NoRoom: no room beside what the
+# readers may still need); shards whose samples the readers passed before the fetch could
+# start (too late); failed fetches (the readers fetch those themselves).
+PREFETCH_COUNTERS = ("prefetch_samples", "prefetch_shards", "prefetch_present", "prefetch_skipped",
+                     "prefetch_passed", "prefetch_errors")
+
+
 class Cancelled(Exception):
     """The fetch was stopped by its caller (a prefetcher closing)."""
 

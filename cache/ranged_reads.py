@@ -305,6 +305,7 @@ class RangedShards(CachedShards):
                 pin.release()
                 raise
             self._c["misses" if fetched else "hits"] += 1
+            self._c["late_samples"] += fetched
             self._partial.add(s)
             token.append((s, ref, mine, pin))
         self._c["wait_s"] += time.monotonic() - t0

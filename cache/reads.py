@@ -17,9 +17,10 @@ damage is caught where it matters, on read, and never delivered.
 
 Counters, as deltas since the last ``take()``: ``hits`` / ``misses`` (was the
 shard cached when the reader opened it), ``wait_s`` (the reader's time
-waiting for fetches: the stall the cache caused), and the process cache's
-``bytes_fetched`` and ``evictions`` (counted once per process whoever takes
-them, see ``CacheSpec.take``).
+waiting for fetches: the stall the cache caused), ``late_samples`` (sample
+ranges the reader fetched itself: not prefetched in time), and the process
+cache's ``bytes_fetched``, ``evictions``, ``requests`` and prefetch counters
+(counted once per process whoever takes them, see ``CacheSpec.take``).
 """
 
 from __future__ import annotations
@@ -30,13 +31,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from shardfeed.cache.fetch import FetchOptions
+from shardfeed.cache.fetch import PREFETCH_COUNTERS, FetchOptions
 from shardfeed.cache.store import ShardCache, ShardRef
 
 DEFAULT_DIR_ENV = "SHARDFEED_CACHE_DIR"
 _DISK_SHARE = 0.8
 _SIDECAR_FIXED = 2560  # schema, footer and metadata of a sidecar file  # default budget: this share of the disk space the cache could use
 
+_TAKEN = ("bytes_fetched", "evictions", "requests", *PREFETCH_COUNTERS)  # what take() hands the Loader
 _caches: dict[tuple, ShardCache] = {}
 _seen: dict[tuple, dict] = {}  # last cache counters handed out by take(), per process cache
 _mu = threading.Lock()
@@ -114,16 +116,22 @@ class CacheSpec:
             return cache
 
     def take(self) -> dict:
-        """bytes_fetched, evictions and requests (to the source) of this process's cache since the last take()."""
+        """bytes_fetched, evictions, requests (to the source) and the prefetcher's counters
+        (fetch.PREFETCH_COUNTERS) of this process's cache since the last take()."""
         key = self._key()
         with _mu:
             cache = _caches.get(key)
             if cache is None:
-                return {"bytes_fetched": 0, "evictions": 0, "requests": 0}
+                return dict.fromkeys(_TAKEN, 0)
             now = cache.stats()
             last = _seen.get(key, {})
             _seen[key] = now
-        return {k: now[k] - last.get(k, 0) for k in ("bytes_fetched", "evictions", "requests")}
+        return {k: now[k] - last.get(k, 0) for k in _TAKEN}
+
+
+def _reader_counters() -> dict:
+    # late_samples: samples a reader fetched itself as ranges (ranged_reads.py), not prefetched in time
+    return {"hits": 0, "misses": 0, "wait_s": 0.0, "late_samples": 0}
 
 
 class CachedShards:
@@ -138,7 +146,7 @@ class CachedShards:
         self.url_of = url_of or index.path
         self._held: dict[int, list] = {}  # shard -> open pins (one per path_of not yet released)
         self._paths: dict[str, int] = {}  # cached file -> shard, for errors that name the file
-        self._c = {"hits": 0, "misses": 0, "wait_s": 0.0}
+        self._c = _reader_counters()
 
     def ref(self, i: int) -> ShardRef:
         h = self.index.hashes[i] or None
@@ -188,7 +196,7 @@ class CachedShards:
 
     def take(self) -> dict:
         """This reader's counters since the last take(), with its process cache's fetches."""
-        out, self._c = self._c, {"hits": 0, "misses": 0, "wait_s": 0.0}
+        out, self._c = self._c, _reader_counters()
         out.update(self.spec.take())
         return out
 

@@ -25,7 +25,8 @@ room and creating a temporary happen under one node-wide lock
 (``.cache.lock``), so concurrent fetches never overshoot it together
 (budget.py). Counters (``stats()``) are this process's: hits, misses,
 bytes_fetched, evictions, wait_s (on other fetchers and full budgets),
-fetch_s, errors, discarded (damaged copies removed by ``discard``).
+fetch_s, errors, discarded (damaged copies removed by ``discard``), and the
+prefetcher's (``fetch.PREFETCH_COUNTERS``, counted where it runs).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from dataclasses import dataclass
 import xxhash
 
 from shardfeed.cache.budget import NO_SIDECAR, SIDECAR, Budget, CacheLimitError, unlink_quiet
-from shardfeed.cache.fetch import FetchOptions, fetch_to_fd, with_retries
+from shardfeed.cache.fetch import PREFETCH_COUNTERS, FetchOptions, fetch_to_fd, with_retries
 from shardfeed.cache.locks import FileLock, acquire_timed
 from shardfeed.cache.lookahead import SharedLookahead
 from shardfeed.cache.sources import open_source
@@ -86,7 +87,7 @@ class ShardCache:
             os.makedirs(d, exist_ok=True)
         self.lookahead = SharedLookahead(os.path.join(self.cache_dir, "lookahead"), share_lookahead)
         self._counters = dict(hits=0, misses=0, bytes_fetched=0, evictions=0, wait_s=0.0, fetch_s=0.0, errors=0,
-                              discarded=0, requests=0)
+                              discarded=0, requests=0, **{k: 0 for k in PREFETCH_COUNTERS})
         self._mu = threading.Lock()
         self.budget = Budget(self.cache_dir, limit_bytes, wait_timeout_s, self.lookahead.merged, self._add)
 

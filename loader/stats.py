@@ -8,7 +8,10 @@ life. ``LoaderStats.snapshot()`` returns a ``StatsSnapshot``:
                "read_s": ..., "decode_s": ..., "collate_s": ..., "transfer_s": ...,
                "bytes_read": ..., "errors_skipped": ...,
                "cache_hits": ..., "cache_misses": ..., "bytes_fetched": ...,
-               "fetch_wait_s": ..., "evictions": ..., "requests": ...},   # 0 unless read through the cache
+               "fetch_wait_s": ..., "evictions": ..., "requests": ...,
+               "late_samples": ..., "prefetch_samples": ..., "prefetch_shards": ...,
+               "prefetch_present": ..., "prefetch_skipped": ..., "prefetch_passed": ...,
+               "prefetch_errors": ...},   # 0 unless read through the cache
      "total": {the same keys, no "number"},
      "samples": ..., ...}   # the totals again, flat, as stats() always returned them
 
@@ -42,6 +45,15 @@ class Counters:
     fetch_wait_s: float = 0.0  # readers' time waiting for shards (summed over workers)
     evictions: int = 0
     requests: int = 0  # to the source (ranged GETs, HEADs, index and log revalidations)
+    late_samples: int = 0  # sample ranges readers fetched themselves: the prefetcher had not brought them
+    # the prefetcher's (cache/fetch.py PREFETCH_COUNTERS): samples and whole shards it brought, shards of its
+    # window already there, given up for room (NoRoom), passed by the readers before it started, failed
+    prefetch_samples: int = 0
+    prefetch_shards: int = 0
+    prefetch_present: int = 0
+    prefetch_skipped: int = 0
+    prefetch_passed: int = 0
+    prefetch_errors: int = 0
 
     def view(self, running_s: float = 0.0) -> dict:
         """The counters plus the rates derived from them; ``running_s`` is the
@@ -52,6 +64,10 @@ class Counters:
         out["samples_per_s"] = self.samples / elapsed if elapsed > 0 else 0.0
         out["stall_fraction"] = self.wait_s / elapsed if elapsed > 0 else 0.0
         return out
+
+
+_PREFETCH = ("prefetch_samples", "prefetch_shards", "prefetch_present", "prefetch_skipped", "prefetch_passed",
+             "prefetch_errors")
 
 
 class _Counted:
@@ -93,6 +109,13 @@ class LoaderStats:
     fetch_wait_s = _Counted()
     evictions = _Counted()
     requests = _Counted()
+    late_samples = _Counted()
+    prefetch_samples = _Counted()
+    prefetch_shards = _Counted()
+    prefetch_present = _Counted()
+    prefetch_skipped = _Counted()
+    prefetch_passed = _Counted()
+    prefetch_errors = _Counted()
 
     def __init__(self):
         self.epoch = Counters()
@@ -144,6 +167,7 @@ class LoaderStats:
             self.cache_hits += c["hits"]
             self.cache_misses += c["misses"]
             self.fetch_wait_s += c["wait_s"]
+            self.late_samples += c.get("late_samples", 0)
             self.add_cache(c)
 
     def add_cache(self, c: dict) -> None:
@@ -151,6 +175,9 @@ class LoaderStats:
         self.bytes_fetched += c["bytes_fetched"]
         self.evictions += c["evictions"]
         self.requests += c.get("requests", 0)
+        for k in _PREFETCH:
+            if c.get(k):
+                setattr(self, k, getattr(self, k) + c[k])
 
     def snapshot(self) -> StatsSnapshot:
         running = time.perf_counter() - self.started if self.started is not None else 0.0
@@ -186,8 +213,13 @@ def _cache_part(c: dict) -> str:
     if not opened and not c["bytes_fetched"]:
         return ""  # not read through a cache
     hits = f"{c['cache_hits'] / opened:.0%} hits" if opened else "no shard opened"
+    ahead = ""
+    if c["prefetch_samples"] or c["prefetch_shards"] or c["prefetch_skipped"] or c["late_samples"]:
+        ahead = (f"; prefetched {_count(c['prefetch_samples'], 'sample')} and {_count(c['prefetch_shards'], 'shard')}"
+                 f" ({c['prefetch_skipped']:,} skipped for room), {_count(c['late_samples'], 'sample')} fetched "
+                 "late by readers")
     return (f"; cache {hits}, {_bytes(c['bytes_fetched'])} fetched, {c['fetch_wait_s']:.1f} s waiting, "
-            f"{_count(c['evictions'], 'eviction')}")
+            f"{_count(c['evictions'], 'eviction')}" + ahead)
 
 
 def _count(n: int, noun: str) -> str:

@@ -28,6 +28,11 @@ def cache_counters(stats: dict) -> tuple[float, float, float]:
     return float(t["cache_hits"]), float(t["cache_misses"]), float(t["bytes_fetched"])
 
 
+# what the summary says of the prefetcher: samples it brought, shards it gave up for room, samples readers
+# fetched themselves (the prefetcher was late); Loader.stats()["total"] keys
+AHEAD = ("prefetch_samples", "prefetch_skipped", "late_samples")
+
+
 class StepLog:
     def __init__(self, every: int, rank: int, history: list | None = None, out=print):
         self.every, self.rank, self.out = every, rank, out
@@ -35,7 +40,8 @@ class StepLog:
         self._losses: list[float] = []
         self._mark = None
         self.started = time.perf_counter()
-        self.totals = {"samples": 0.0, "wait_s": 0.0, "wall_s": 0.0, "hits": 0.0, "misses": 0.0, "fetched": 0.0}
+        self.totals = {"samples": 0.0, "wait_s": 0.0, "wall_s": 0.0, "hits": 0.0, "misses": 0.0, "fetched": 0.0,
+                       **dict.fromkeys(AHEAD, 0.0)}
 
     def start(self, loader) -> None:
         """Begin a window at the loader's current counters (after a resume, too)."""
@@ -45,7 +51,8 @@ class StepLog:
     @staticmethod
     def _counts(loader) -> list[float]:
         s = loader.stats()
-        return [float(s["samples"]), float(s["wait_s"]), *cache_counters(s)]
+        return [float(s["samples"]), float(s["wait_s"]), *cache_counters(s),
+                *(float(s["total"].get(k, 0)) for k in AHEAD)]
 
     def step(self, step: int, epoch: int, loss, loader, device, force: bool = False) -> None:
         """Called by every rank after each step with the global mean loss (a
@@ -63,7 +70,7 @@ class StepLog:
         delta = torch.tensor([c - b for c, b in zip(counts, before)], dtype=torch.float64, device=device)
         if dist.is_initialized():
             dist.all_reduce(delta)
-        samples, wait, hits, misses, fetched = delta.tolist()
+        samples, wait, hits, misses, fetched, *ahead = delta.tolist()
         world = dist.get_world_size() if dist.is_initialized() else 1
         dt = max(now - t0, 1e-9)
         rec = {"step": step, "epoch": epoch, "loss": float(torch.stack(self._losses).mean()),
@@ -71,7 +78,7 @@ class StepLog:
                "cache_hit": hits / (hits + misses) if hits + misses else None, "fetched": fetched}
         self.records.append(rec)
         for k, v in (("samples", samples), ("wait_s", wait / world), ("wall_s", dt), ("hits", hits),
-                     ("misses", misses), ("fetched", fetched)):
+                     ("misses", misses), ("fetched", fetched), *zip(AHEAD, ahead)):
             self.totals[k] += v
         if self.rank == 0:
             self.out(self.line(rec), flush=True)
@@ -91,6 +98,9 @@ class StepLog:
         lookups = t["hits"] + t["misses"]
         cache = (f"cache hit rate {t['hits'] / lookups:.0%} ({int(t['hits'])}/{int(lookups)}), fetched "
                  f"{format_bytes(int(t['fetched']))}" if lookups else "no cache (local files)")
+        if lookups and (t["prefetch_samples"] or t["prefetch_skipped"] or t["late_samples"]):
+            cache += (f" (prefetched {int(t['prefetch_samples']):,} samples, {int(t['prefetch_skipped']):,} shards "
+                      f"skipped for room, {int(t['late_samples']):,} samples fetched late by readers)")
         last = self.records[-1]["loss"] if self.records else float("nan")
         return (f"summary: {steps} steps, {int(t['samples']):,} samples in {wall:.1f}s of training steps "
                 f"({t['samples'] / wall:,.0f} samples/s), data stall {t['wait_s'] / wall:.1%}, {cache}, "
