@@ -36,6 +36,7 @@ from shardfeed.cache.sources import open_source, scheme_of
 from shardfeed.cache.store import ShardCache, ShardRef
 from shardfeed.formats import ShardError, open_index
 from shardfeed.formats.index import INDEX_NAME, LOG_DIR, DatasetIndex
+from shardfeed.formats.staging import pid_alive
 
 _SEQ_RE = re.compile(r"^\d{12}\.json$")
 _MAX_META_BYTES = 1 << 30  # an index of 100,000 shards is a few MB; refuse absurd claims before allocating
@@ -155,19 +156,9 @@ def _drop_dead_temporaries(folder: str) -> None:
     for d in (folder, os.path.join(folder, LOG_DIR)):
         for name in os.listdir(d):
             m = re.search(r"\.tmp-(\d+)-", name)
-            if m and not _alive(int(m.group(1))):
+            if m and not pid_alive(int(m.group(1))):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(os.path.join(d, name))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class RemoteDataset:

@@ -41,7 +41,7 @@ def _owned_name(dst: str, kind: str) -> str:
     return os.path.join(os.path.dirname(dst), f".{os.path.basename(dst)}.{kind}-{host_tag()}-{os.getpid()}")
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -65,7 +65,7 @@ def remove_stale_stages(parent: str) -> list[str]:
     host = host_tag()
     for name in names:
         m = _OWNED.match(name)
-        if not m or m["host"] != host or int(m["pid"]) == os.getpid() or _pid_alive(int(m["pid"])):
+        if not m or m["host"] != host or int(m["pid"]) == os.getpid() or pid_alive(int(m["pid"])):
             continue
         path = os.path.join(parent, name)
         if os.path.isdir(path) and not os.path.islink(path):

@@ -34,22 +34,14 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from shardfeed.formats.staging import pid_alive
+
 if TYPE_CHECKING:
     import pyarrow as pa
 
 ROOT = "/dev/shm"
 PREFIX = "shardfeed-groups-"
 _FREE_FRACTION = 0.25  # of the tmpfs left free after publishing a group
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _prune(root: str) -> None:
@@ -60,7 +52,7 @@ def _prune(root: str) -> None:
         return
     for name in names:
         pid = name[len(PREFIX):]
-        if not name.startswith(PREFIX) or not pid.isdigit() or _alive(int(pid)):
+        if not name.startswith(PREFIX) or not pid.isdigit() or pid_alive(int(pid)):
             continue
         path = os.path.join(root, name)
         try:
