@@ -44,10 +44,12 @@ def gc_paused():
 def first_gc_paused(items):
     """``items`` with the collector paused while the first one is made (see ``gc_paused``)."""
     with gc_paused():
-        first = next(items, _END)
-    if first is _END:
+        first = [next(items, _END)]
+    if first[0] is _END:
         return
-    yield first
+    # popped, not kept in this frame: a first batch whose values are objects of their own (bytes
+    # gathered into, formats/engine/into_bytes.py) would otherwise stay alive the whole epoch
+    yield first.pop()
     yield from items
 
 

@@ -21,7 +21,9 @@ import numpy as np
 from shardfeed.formats import ShardError, codec_of, decode_field
 from shardfeed.formats.engine.batch import BatchReader, RawBatch, parse_ints
 from shardfeed.formats.errors import ReadError
+from shardfeed.loader import heap
 from shardfeed.loader.batch_seeds import generator, seeded
+from shardfeed.loader.bytes_column import BytesList
 from shardfeed.loader.collate import Blob, Strs, collate_column, default_collate, gathered_column
 from shardfeed.loader.errors import ErrorPolicy
 
@@ -87,6 +89,14 @@ class BatchMaker:
         if self._buf is None or len(self._buf) < n:
             self._buf = np.empty(max(n, int(n * 1.25)), np.uint8)
         return self._buf[:n]
+
+    def gather_into_bytes(self) -> bool:
+        """Gather large undecoded byte fields straight into the ``bytes`` handed out
+        (formats/engine/into_bytes.py): for the process that hands them out (the Loader at
+        num_workers=0 with bytes_as="bytes"); only on the fast path (no transform, no collate_fn)."""
+        if self.transform is not None or self.collate_fn is not None:
+            return False
+        return self.reader.gather_into_bytes(lambda name: self._codec(name) == "bytes", heap.reserve)
 
     def close(self) -> None:
         if self.ahead is not None:
@@ -191,6 +201,9 @@ class BatchMaker:
         reasons: dict[int, str] = {}
         for name, spec in raw.fields.items():
             kind = spec[0]
+            if kind == "objects":  # bytes made by the gather itself (gather_into_bytes)
+                cols[name] = BytesList(spec[1])
+                continue
             if kind == "array":
                 vals = spec[1]
                 cols[name] = vals if vals.dtype != object else vals.tolist()

@@ -35,6 +35,7 @@ from shardfeed.formats.codecs import codec_of, decode_npy
 from shardfeed.formats.engine.kernels import copy_ranges
 from shardfeed.formats.numeric_fields import numeric_column
 from shardfeed.loader import heap
+from shardfeed.loader.bytes_column import BytesList
 from shardfeed.loader.views import BYTES_AS, check_bytes_as, jagged_view, tensor_views
 
 __all__ = ["BYTES_AS", "Blob", "OwnedArray", "Strs", "check_bytes_as", "collate_column", "default_collate",
@@ -286,7 +287,7 @@ def materialize(columns: Any, pin_memory: bool = False, bytes_as: str = "bytes")
                 continue
             t = torch.from_numpy(col.view(np.ndarray) if isinstance(col, OwnedArray) else np.array(col, copy=True))
             out[name] = t.pin_memory() if pin_memory else t
-        elif isinstance(col, (Blob, Strs)):
+        elif isinstance(col, (Blob, Strs, BytesList)):
             out[name] = col.to_list()
         elif isinstance(col, list) and codec_of(name) == "numeric":
             out[name] = [_tensor(v, pin_memory) if isinstance(v, np.ndarray) else v for v in col]

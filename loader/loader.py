@@ -30,7 +30,7 @@ from shardfeed.formats.engine.split_gather import threads_allowed
 from shardfeed.formats.lazy import first_gc_paused
 from shardfeed.loader import autotune
 from shardfeed.loader import state as _state
-from shardfeed.loader.batch_seeds import set_batch
+from shardfeed.loader.batch_seeds import maker_of, set_batch
 from shardfeed.loader.collate import check_bytes_as, materialize
 from shardfeed.loader.dataset import ShardDataset
 from shardfeed.loader.schedule import BatchSchedule, Stage
@@ -218,6 +218,8 @@ class Loader:
         """(item, columns, info) made in this process, one step at a time."""
         if self._maker is None:
             self._maker = self.dataset.maker(self.collate_fn)
+            if self.bytes_as == "bytes" and hasattr(maker_of(self._maker), "gather_into_bytes"):
+                maker_of(self._maker).gather_into_bytes()  # this process hands the bytes out: read into them
             if threads:
                 self._allow_threads()
         maker = self._maker

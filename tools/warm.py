@@ -59,6 +59,13 @@ def warm(folder: str) -> int:
             for order in ("none", "shard", "block", "global"):
                 with Loader(ShardDataset(root, shuffle=order, seed=0, read_mode=mode), 8) as loader:
                     n += sum(len(b["__key__"]) for b in loader)
+    # values large enough to be gathered straight into bytes objects (formats/engine/into_bytes.py)
+    root = os.path.join(folder, "large")
+    with ShardWriter(root, format="tar", max_shard_samples=4) as w:
+        for i in range(8):
+            w.write({"__key__": f"{i:04d}", "cls": i % 4, "bin": bytes([i]) * (20 << 10)})
+    with Loader(ShardDataset(root, shuffle="none"), 4) as loader:  # two epochs: shards to open, then open
+        n += sum(len(b["__key__"]) for _ in range(2) for b in loader)
     tar = os.path.join(folder, "foreign.tar")
     _foreign_tar(tar)
     n += open_index(tar).num_samples

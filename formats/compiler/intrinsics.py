@@ -63,3 +63,29 @@ def call_preadv(typingctx, fn, fd, iov, count, offset):
                                 builder.trunc(args[3], i32), args[4]])
 
     return sig, codegen
+
+
+@intrinsic
+def call_state(typingctx, fn, state):
+    """``uint64 fn(void *state)`` through its address (XXH3_64bits_reset, XXH3_64bits_digest)."""
+    sig = types.uint64(types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        i64, p8 = ir.IntType(64), ir.IntType(8).as_pointer()
+        f = builder.inttoptr(args[0], ir.FunctionType(i64, [p8]).as_pointer())
+        return builder.call(f, [builder.inttoptr(args[1], p8)])
+
+    return sig, codegen
+
+
+@intrinsic
+def call_update(typingctx, fn, state, addr, n):
+    """``int fn(void *state, const void *addr, size_t n)`` through its address (XXH3_64bits_update)."""
+    sig = types.int32(types.intp, types.intp, types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        i64, i32, p8 = ir.IntType(64), ir.IntType(32), ir.IntType(8).as_pointer()
+        f = builder.inttoptr(args[0], ir.FunctionType(i32, [p8, p8, i64]).as_pointer())
+        return builder.call(f, [builder.inttoptr(args[1], p8), builder.inttoptr(args[2], p8), args[3]])
+
+    return sig, codegen

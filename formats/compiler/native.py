@@ -35,6 +35,8 @@ copy = deferred(_INTRINSICS, "copy")
 load_i64 = deferred(_INTRINSICS, "load_i64")
 call_hash = deferred(_INTRINSICS, "call_hash")
 call_preadv = deferred(_INTRINSICS, "call_preadv")
+call_state = deferred(_INTRINSICS, "call_state")
+call_update = deferred(_INTRINSICS, "call_update")
 
 
 _HASH_FN: int | None = None
@@ -66,6 +68,53 @@ def _find_xxh3() -> int:
             if all(f(p, len(p)) == xxhash.xxh3_64_intdigest(p) for p in probes):
                 return ctypes.cast(f, ctypes.c_void_p).value or 0
     return 0
+
+
+_STREAM: tuple | None = None
+
+
+def stream_hash() -> tuple:
+    """(reset, update, digest, create_state, free_state): addresses of xxhash's streaming XXH3_64bits
+    functions from the same library, checked to give ``xxh3_64_intdigest`` of the pieces joined; ()
+    where they are missing or disagree (then a batch's fields are never gathered apart, into_bytes.py)."""
+    global _STREAM
+    if _STREAM is None:
+        _STREAM = _find_stream() if hash_fn() else ()
+    return _STREAM
+
+
+def _find_stream() -> tuple:
+    here = os.path.dirname(xxhash.__file__)
+    vp, sz = ctypes.c_void_p, ctypes.c_size_t
+    for path in sorted(glob.glob(os.path.join(here, "_xxhash*.so"))):
+        try:
+            lib = ctypes.CDLL(path)
+            update = getattr(lib, "XXH3_64bits_update_dispatch", None) or lib.XXH3_64bits_update
+            fns = (lib.XXH3_64bits_reset, update, lib.XXH3_64bits_digest, lib.XXH3_createState,
+                   lib.XXH3_freeState)
+        except (OSError, AttributeError):
+            continue
+        reset, update, digest, create, free = fns
+        reset.restype, reset.argtypes = ctypes.c_int, [vp]
+        update.restype, update.argtypes = ctypes.c_int, [vp, vp, sz]
+        digest.restype, digest.argtypes = ctypes.c_uint64, [vp]
+        create.restype, create.argtypes = vp, []
+        free.restype, free.argtypes = ctypes.c_int, [vp]
+        state = create()
+        if not state:
+            continue
+        try:
+            ok = True
+            for pieces in ([b""], [b"a", b""], [os.urandom(100_003), b"7"], [b"x" * 300, os.urandom(4099), b"12"]):
+                reset(state)
+                for p in pieces:
+                    update(state, p, len(p))
+                ok = ok and digest(state) == xxhash.xxh3_64_intdigest(b"".join(pieces))
+        finally:
+            free(state)
+        if ok:
+            return tuple(ctypes.cast(f, vp).value or 0 for f in fns)
+    return ()
 
 
 def preadv_fn() -> int:

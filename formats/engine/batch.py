@@ -120,6 +120,7 @@ class BatchReader(SteadyRead):
         self.shards.update_index(index)
 
     def close(self) -> None:
+        self._into = None
         self._tar_gather.close()
         self.shards.close()
 
@@ -275,13 +276,15 @@ class BatchReader(SteadyRead):
         nf = len(self.field_ids)
         fstart = np.full((nf, n), -1, np.int64)
         fsize = np.full((nf, n), -1, np.int64)
-        key_blob = None
+        key_blob = made = None
         if len(tar_pos):
             kpos = np.zeros(len(tar_pos) + 1, np.int64)
             np.cumsum(ksizes + 1, out=kpos[1:])
             kbuf = np.empty(int(kpos[-1]), np.uint8)
+            # fields into bytes objects (into_bytes.py) in all-tar batches only: one field, one form
+            faddr, xs, made = self._plan_into(t_slot, t_local, tar_pos, n, 0 if groups else total)
             if not self._gather_tar(shard, live, tar_pos, t_slot, t_local, buf, dst_pos, fstart, fsize, kbuf, kpos,
-                                    keep, errors):
+                                    keep, errors, faddr, xs):
                 return None
             key_blob = kbuf[:-1].tobytes()
             if not self._io_fn and self.read_mode == "pread":  # fallback copied from the mapping: bound its RSS
@@ -309,19 +312,21 @@ class BatchReader(SteadyRead):
         for prow, tbl in col_tables:
             columns.place(tbl, prow, buf, dst_pos[prow].copy(), fstart, fsize, self.field_ids, typed, text_fields)
         fields = self._fields(fstart, fsize, typed, text_fields, n)
+        if made:
+            fields.update(made)
         if keys is None:
             return RawBatch(ids[live], None, buf[:total], fields, shard[live], errors, total, key_blob)
         return RawBatch(ids[live], keys, buf[:total], fields, shard[live], errors, total)
 
     def _gather_tar(self, shard, live, tar_pos, t_slot, t_local, buf, dst_pos, fstart, fsize, kbuf, kpos, keep,
-                    errors) -> bool:
+                    errors, faddr, xs) -> bool:
         """Read the tar samples (positions ``tar_pos`` of the batch) into ``buf`` and their keys into
         ``kbuf``, checking them; False when some were left out (skip mode)."""
         tar_rows = live[tar_pos]
         bad = np.zeros(len(tar_pos), np.bool_)
         hfn = self._hash_fn if self.verify else 0
         _, err, k = self._tar_gather(self.shards.table, t_slot, t_local, tar_pos, buf, dst_pos, fstart, fsize, kbuf, kpos,
-                               hfn, bad, self._io_fn, self._iov, self._junk)
+                               hfn, bad, self._io_fn, self._iov, self._junk, faddr, xs)
         if err:
             s = int(shard[tar_rows[k]])
             path = self.index.path(s)

@@ -1,7 +1,8 @@
 """The jitted loops of a batch read (numba, ``nogil``): no Python object per sample.
 
 ``tar_gather`` reads every tar sample of a batch, whatever its shard, into
-one buffer in one call; it finds each open shard's bytes and sidecar arrays
+one buffer in one call (or some fields straight into objects of their own,
+into_bytes.py); it finds each open shard's bytes and sidecar arrays
 through a row of addresses in the open-shard table (open_shards.Slots), whose
 columns are named below. ``copy_ranges`` places columnar binary values in the
 same buffer; ``parse_ints`` turns decimal fields into one int64 array.
@@ -12,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from shardfeed.formats.compiler.jit import njit
-from shardfeed.formats.compiler.native import call_hash, call_preadv, copy, load_i64
+from shardfeed.formats.compiler.native import call_hash, call_preadv, call_state, call_update, copy, load_i64
 
 # Columns of the open-shard table (open_shards.Slots), one row per open tar
 # shard: addresses and lengths of its bytes and sidecar arrays, so one jitted
@@ -22,6 +23,8 @@ from shardfeed.formats.compiler.native import call_hash, call_preadv, copy, load
 # them); KOFF, KDATA, KLEN: the keys as one UTF-8 blob and its offsets; CSUM:
 # each sample's xxh3; FD: a descriptor to preadv from, or -1.
 (SRC, SRC_LEN, MSTART, NSAMP, OFF, SIZE, FID, NMEM, KOFF, KDATA, KLEN, CSUM, FD, NCOL) = range(14)
+
+NO_FADDR = np.zeros((2, 0, 0), np.int64)  # tar_gather's faddr when every member goes to dst
 
 
 @njit(nogil=True)
@@ -50,12 +53,46 @@ def _flush(io_fn, fd, iov, cnt, start, want):
 
 
 @njit(nogil=True)
-def hash_rows(hash_fn, table, slot, local, rows, dst, dst_pos, bad, lo, hi):
+def member_sizes(table, slot, local, rows, want, out):
+    """``out[f, rows[k]]``: the size of sample k's member of field f, for each field with ``want[f]``
+    (``out`` comes filled with -1: absent). Run before the gather, on entries tar_layout or tar_sizes
+    checked; a member outside the table is left -1 (the gather then reports it)."""
+    for k in range(local.shape[0]):
+        s = slot[k]
+        i = local[k]
+        a = load_i64(table[s, MSTART], i)
+        b = load_i64(table[s, MSTART], i + 1)
+        for j in range(a, b):
+            f = load_i64(table[s, FID], j)
+            if 0 <= f < want.shape[0] and want[f]:
+                out[f, rows[k]] = load_i64(table[s, SIZE], j)
+
+
+@njit(nogil=True)
+def _pieces_hash(table, s, i, r, p, faddr, xs):
+    # xxh3 of a sample whose members lie apart (some in objects of their own): streamed in member order,
+    # which gives the value of the one-shot hash of the members joined (xs: reset, update, digest, state)
+    st = xs[3]
+    call_state(xs[0], st)
+    for j in range(load_i64(table[s, MSTART], i), load_i64(table[s, MSTART], i + 1)):
+        n = load_i64(table[s, SIZE], j)
+        f = load_i64(table[s, FID], j)
+        a = faddr[0, f, r] if f < faddr.shape[1] and r < faddr.shape[2] and faddr[0, f, r] != 0 else p
+        call_update(xs[1], st, a, n)
+        p += n
+    return call_state(xs[2], st)
+
+
+@njit(nogil=True)
+def hash_rows(hash_fn, table, slot, local, rows, dst, dst_pos, bad, lo, hi, faddr, xs):
     nbad = 0
     base = dst.ctypes.data
     for k in range(lo, hi):
         r = rows[k]
-        h = call_hash(hash_fn, base + dst_pos[r], dst_pos[r + 1] - dst_pos[r])
+        if faddr.shape[2] == 0:
+            h = call_hash(hash_fn, base + dst_pos[r], dst_pos[r + 1] - dst_pos[r])
+        else:
+            h = _pieces_hash(table, slot[k], local[k], r, base + dst_pos[r], faddr, xs)
         if np.int64(h) != load_i64(table[slot[k], CSUM], local[k]):
             bad[k] = True
             nbad += 1
@@ -64,10 +101,16 @@ def hash_rows(hash_fn, table, slot, local, rows, dst, dst_pos, bad, lo, hi):
 
 @njit(nogil=True)
 def tar_gather(table, slot, local, rows, dst, dst_pos, fstart, fsize, kbuf, kpos, hash_fn, bad,
-               io_fn, iov, junk):
+               io_fn, iov, junk, faddr, xs):
     """Copy each sample's members (in member order, so a sample is one
     contiguous range whose xxh3 is its checksum) and its key + NUL; with a
     hash_fn, mark samples failing their checksum in ``bad``.
+
+    ``faddr`` (2, fields, rows) sends members elsewhere: the member of field f
+    of row r goes to address ``faddr[0, f, r]`` (when not 0), which holds
+    ``faddr[1, f, r]`` bytes, instead of its place in ``dst`` (left unwritten);
+    such samples are hashed piece by piece with the streaming xxh3 in ``xs``
+    (into_bytes.py). An empty ``faddr`` (2, 0, 0) sends nothing elsewhere.
 
     Shards with a file descriptor are read with preadv, straight from the
     page cache into ``dst``: members that follow each other in the file
@@ -93,7 +136,7 @@ def tar_gather(table, slot, local, rows, dst, dst_pos, fstart, fsize, kbuf, kpos
                 return nbad, 2, run_k
             cnt, want = 0, 0
             if hash_fn != 0:
-                nbad += hash_rows(hash_fn, table, slot, local, rows, dst, dst_pos, bad, hashed, k)
+                nbad += hash_rows(hash_fn, table, slot, local, rows, dst, dst_pos, bad, hashed, k, faddr, xs)
             hashed = k
         s = slot[k]
         i = local[k]
@@ -109,6 +152,11 @@ def tar_gather(table, slot, local, rows, dst, dst_pos, fstart, fsize, kbuf, kpos
             f = load_i64(table[s, FID], j)
             if o < 0 or n < 0 or o + n > src_len or p + n > dlen or f < 0 or f >= nf:
                 return nbad, 1, k
+            d = dbase + p
+            if f < faddr.shape[1] and r < faddr.shape[2] and faddr[0, f, r] != 0:
+                if n != faddr[1, f, r]:
+                    return nbad, 1, k
+                d = faddr[0, f, r]
             if use_io:
                 if cnt and (fd != run_fd or o < run_pos or o - run_pos > jlen or cnt + 2 > max_iov):
                     if not _flush(io_fn, run_fd, iov, cnt, run_start, want):
@@ -121,13 +169,13 @@ def tar_gather(table, slot, local, rows, dst, dst_pos, fstart, fsize, kbuf, kpos
                     iov[cnt, 1] = o - run_pos
                     want += o - run_pos
                     cnt += 1
-                iov[cnt, 0] = dbase + p
+                iov[cnt, 0] = d
                 iov[cnt, 1] = n
                 want += n
                 cnt += 1
                 run_pos = o + n
             else:
-                copy(dbase + p, src + o, n)
+                copy(d, src + o, n)
             fstart[f, r] = p
             fsize[f, r] = n
             p += n
@@ -141,7 +189,8 @@ def tar_gather(table, slot, local, rows, dst, dst_pos, fstart, fsize, kbuf, kpos
     if cnt and not _flush(io_fn, run_fd, iov, cnt, run_start, want):
         return nbad, 2, run_k
     if hash_fn != 0:
-        nbad += hash_rows(hash_fn, table, slot, local, rows, dst, dst_pos, bad, hashed, local.shape[0])
+        nbad += hash_rows(hash_fn, table, slot, local, rows, dst, dst_pos, bad, hashed, local.shape[0], faddr,
+                          xs)
     return nbad, 0, 0
 
 
@@ -203,5 +252,6 @@ def warm(table: np.ndarray, hash_fn: int, io_fn: int, iov: np.ndarray, junk: np.
     z, b, f2 = np.zeros(0, np.int64), np.zeros(0, np.uint8), np.zeros((1, 0), np.int64)
     tar_sizes(table, z, z, z, z)
     tar_gather(table, z, z, z, b, np.zeros(1, np.int64), f2, f2, np.zeros(1, np.uint8), np.zeros(1, np.int64),
-               hash_fn, np.zeros(0, np.bool_), io_fn, iov, junk)
+               hash_fn, np.zeros(0, np.bool_), io_fn, iov, junk, NO_FADDR, np.zeros(4, np.int64))
+    member_sizes(table, z, z, z, np.zeros(0, np.uint8), f2)
     parse_ints(b, z, z)

@@ -31,7 +31,9 @@ class RawBatch:
 
     ``fields[name]`` is ``("bytes", starts, sizes)`` into ``buf`` (size -1:
     the sample lacks the field), ``("text", starts, sizes)`` for columnar
-    UTF-8 strings, or ``("array", values)`` for typed columnar values.
+    UTF-8 strings, ``("array", values)`` for typed columnar values, or
+    ``("objects", values)``: a list of ``bytes`` (None: absent) that the
+    gather wrote into directly (into_bytes.py; only when asked for).
     Keys are ``keys`` (a list), or for tar-only batches ``key_blob``: the
     keys as UTF-8 joined by NUL (no key holds one), decoded on first use of
     ``keys`` (a worker passes the blob on without ever building the list).

@@ -84,20 +84,21 @@ class SplitGather:
         self._gap = EXPLORE_EVERY
 
     def __call__(self, table, slot, local, rows, dst, dst_pos, fstart, fsize, kbuf, kpos, hash_fn, bad,
-                 io_fn, iov, junk):
+                 io_fn, iov, junk, faddr, xs):
+        """``xs`` (2, 4): the streaming hash of the reading thread (row 0) and of the helper (row 1)."""
         n = len(local)
         if self.threads < 2 or io_fn == 0 or n < 2 * MIN_RUNS or _runs(slot, local) < MIN_RUNS:
             return tar_gather(table, slot, local, rows, dst, dst_pos, fstart, fsize, kbuf, kpos, hash_fn, bad,
-                              io_fn, iov, junk)
+                              io_fn, iov, junk, faddr, xs[0])
         trying = self._wait <= 0 and self.seen[0] >= TRY_BATCHES  # the first batches measure one call
         split = self.split != trying
         t0 = time.perf_counter()
         if split:
             out = self._split(table, slot, local, rows, dst, dst_pos, fstart, fsize, kbuf, kpos, hash_fn, bad,
-                              io_fn, iov, junk)
+                              io_fn, iov, junk, faddr, xs)
         else:
             out = tar_gather(table, slot, local, rows, dst, dst_pos, fstart, fsize, kbuf, kpos, hash_fn, bad,
-                             io_fn, iov, junk)
+                             io_fn, iov, junk, faddr, xs[0])
         per = (time.perf_counter() - t0) / n
         self.seen[split] += 1
         if trying:
@@ -123,15 +124,15 @@ class SplitGather:
         self._wait = self._gap
 
     def _split(self, table, slot, local, rows, dst, dst_pos, fstart, fsize, kbuf, kpos, hash_fn, bad, io_fn,
-               iov, junk):
+               iov, junk, faddr, xs):
         h = len(local) // 2
         self._ensure_thread()
-        # the second half: its own rows, key positions and bad flags (views), its own scratch
+        # the second half: its own rows, key positions and bad flags (views), its own scratch and hash state
         self._jobs.put((table, slot[h:], local[h:], rows[h:], dst, dst_pos, fstart, fsize, kbuf, kpos[h:],
-                        hash_fn, bad[h:], io_fn, self._iov, self._junk))
+                        hash_fn, bad[h:], io_fn, self._iov, self._junk, faddr, xs[1]))
         try:
             first = tar_gather(table, slot[:h], local[:h], rows[:h], dst, dst_pos, fstart, fsize, kbuf, kpos,
-                               hash_fn, bad[:h], io_fn, iov, junk)
+                               hash_fn, bad[:h], io_fn, iov, junk, faddr, xs[0])
         finally:
             second = self._done.get()  # never leave the helper writing into a buffer we hand back
         if isinstance(second, BaseException):

@@ -6,15 +6,42 @@ else falls back to the general path in batch.py.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
+from shardfeed.formats.engine.into_bytes import IntoBytes
+from shardfeed.formats.engine.kernels import NO_FADDR
 from shardfeed.formats.engine.kernels_batch import DST_POS, KPOS, LOCAL, NROWS, OK, SHARD, SLOT, tar_layout
 from shardfeed.formats.engine.raw_batch import RawBatch, _arange
 from shardfeed.formats.engine.read_modes import FAULT_AROUND
 
+_NO_XS = np.zeros((2, 4), np.int64)
+
 
 class SteadyRead:
     """The steady path's methods of BatchReader (a mixin: the state is BatchReader's)."""
+
+    _into: IntoBytes | None = None
+
+    def gather_into_bytes(self, want: Callable[[str], bool] | None,
+                          before: Callable[[int], None] | None = None) -> bool:
+        """From the next read on, gather the large values of the tar fields whose name ``want``
+        accepts straight into ``bytes`` objects (into_bytes.py): ``RawBatch.fields[name]`` is then
+        ``("objects", values)``. ``before(nbytes)`` is called before a batch's objects are made.
+        None turns it off. False where this Python cannot (the buffer path serves)."""
+        self._into = IntoBytes(want, before) if want is not None and IntoBytes.available() else None
+        return self._into is not None
+
+    def _plan_into(self, slot, local, rows, n: int, total: int):
+        """(faddr, xs, {name: ("objects", values)} or None) for a gather of these tar samples."""
+        into = self._into
+        if into is None:
+            return NO_FADDR, _NO_XS, None
+        planned = into.plan(self.shards.table, slot, local, rows, n, self._field_names(), total)
+        if planned is None:
+            return NO_FADDR, into.xs, None
+        return planned[0], into.xs, planned[1]
 
     def _layout_scratch(self, n: int, nf: int):
         """(work, present, uniq): tar_layout's scratch, reused by every read (reads are never concurrent)."""
@@ -61,13 +88,14 @@ class SteadyRead:
                 return None
         slot, local, dst_pos, kpos = self._work_rows(n)
         total = int(dst_pos[n])
-        buf = alloc(total)
+        faddr, xs, made = self._plan_into(slot, local, _arange(n), n, total)
+        buf = alloc(total)  # members sent to objects leave their place here unwritten
         fstart, fsize = fpos[0], fpos[1]
         kbuf = self._key_scratch(int(kpos[n]))
         bad = np.zeros(n, np.bool_)
         hfn = self._hash_fn if self.verify else 0
         nbad, err, _ = self._tar_gather(table, slot, local, _arange(n), buf, dst_pos, fstart, fsize, kbuf, kpos, hfn, bad,
-                                  self._io_fn, self._iov, self._junk)
+                                  self._io_fn, self._iov, self._junk, faddr, xs)
         if err or nbad or (self.verify and not hfn):
             return None
         shards.use(uniq)
@@ -78,6 +106,8 @@ class SteadyRead:
         names = self._field_names()
         # the fields some sample has, in field id order (as _fields)
         fields = {names[f]: ("bytes", fstart[f], fsize[f]) for f, has in enumerate(present[:nf].tolist()) if has}
+        if made:
+            fields.update(made)
         return RawBatch(ids.copy(), None, buf[:total], fields, work[SHARD, :n].copy(), [], total,
                         kbuf[:-1].tobytes())
 
