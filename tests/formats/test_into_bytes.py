@@ -55,6 +55,7 @@ def _expected_rows() -> dict:
 def _rows(batches) -> list:
     out = []
     for b in batches:
+        assert type(b["bin"]) is list  # the default form: a plain list of bytes (None where absent)
         cls = b["cls"].tolist() if isinstance(b["cls"], torch.Tensor) else list(b["cls"])
         out += list(zip(b["__key__"], b["bin"], cls, b["txt"]))
     return out
@@ -202,3 +203,21 @@ def test_the_bytes_api_finds_the_data_of_a_fresh_object():
 
     ctypes.memmove(id(b) + off, b"\x07" * 1000, 1000)  # unshared: writable, as the C-API documents
     assert b == b"\x07" * 1000
+
+
+def test_the_first_batch_is_not_kept_for_the_whole_epoch():
+    """Regression: first_gc_paused held the first item for the whole iteration; with values gathered
+    into bytes objects that kept a whole batch of them alive (a third batch of heap faulted in)."""
+    import weakref
+
+    from shardfeed.formats.lazy import first_gc_paused
+
+    class Item:
+        pass
+
+    gen = first_gc_paused(Item() for _ in range(2))
+    first = next(gen)
+    ref = weakref.ref(first)
+    del first
+    next(gen)
+    assert ref() is None
