@@ -241,3 +241,33 @@ def test_a_type_the_module_lacks_goes_to_the_jit(aot_folder):
     assert not out["before"] and out["after"] and out["same"]
     assert out["a"] == out["b"] == [[12, -7, 0], [True, True, False]]
     assert out["kernel"] == "CPUDispatcher"  # the module's global now names numba's dispatcher
+
+
+LARGE = textwrap.dedent("""
+    import json, sys
+    from shardfeed.formats.compiler import jit
+    from shardfeed.formats.engine.into_bytes import IntoBytes
+    from shardfeed.loader import Loader, ShardDataset
+
+    plans, plan = [], IntoBytes.plan
+    IntoBytes.plan = lambda self, *a: plans.append(plan(self, *a)) or plans[-1]
+    n = 0
+    with Loader(ShardDataset(ROOT, shuffle="none"), 4) as loader:
+        for _ in range(2):  # shards to open (the general path), then all open (the steady path)
+            for b in loader:
+                n += sum(map(len, b["bin"]))
+    print(json.dumps({"bytes": n, "into": sum(p is not None for p in plans), "jit": jit.jit_in_use(),
+                      "numba": "numba" in sys.modules}))
+""")
+
+
+def test_values_gathered_into_bytes_read_without_numba(aot_folder, tmp_path):
+    """The kernels of a large-value read (formats/engine/into_bytes.py) are in the compiled module:
+    `shardfeed warm` reads such values, so a fresh process does not fall back to the JIT on them."""
+    root = str(tmp_path / "large")
+    with ShardWriter(root, max_shard_samples=5) as w:
+        for i in range(12):
+            w.write({"__key__": f"{i:04d}", "cls": i, "bin": bytes([i]) * (40 << 10)})
+    out = _run(LARGE.replace("ROOT", repr(root)), {"SHARDFEED_AOT": "1"})
+    assert out["bytes"] == 2 * 12 * (40 << 10) and out["into"] == 6  # every batch gathered into bytes
+    assert not out["jit"] and not out["numba"]
