@@ -311,7 +311,7 @@ class BatchReader(SteadyRead):
             keys = keys_np.tolist()
         for prow, tbl in col_tables:
             columns.place(tbl, prow, buf, dst_pos[prow].copy(), fstart, fsize, self.field_ids, typed, text_fields)
-        fields = self._fields(fstart, fsize, typed, text_fields, n)
+        fields = self._fields(fstart, fsize, typed, text_fields, n, shard[live])
         if made:
             fields.update(made)
         if keys is None:
@@ -363,9 +363,21 @@ class BatchReader(SteadyRead):
             errors.append(ReadError(path, reason, 1))
         return False
 
-    def _fields(self, fstart, fsize, typed, text_fields, n) -> dict:
+    def _fields(self, fstart, fsize, typed, text_fields, n, shard_of) -> dict:
         """RawBatch.fields, in field id order, typed columns after any not seen as field ids."""
         names = self._field_names()
+
+        def absent(name):
+            f = self.field_ids.get(name)
+
+            def check(missing):
+                # one field typed in some shards and bytes in others: no column can hold both
+                if f is not None and f < len(fsize) and (fsize[f, missing] >= 0).any():
+                    row = int(missing[np.flatnonzero(fsize[f, missing] >= 0)[0]])
+                    raise ShardError(self.index.path(int(shard_of[row])),
+                                     f"field {name!r} is bytes here but a typed column in other shards of "
+                                     f"this dataset; write it with one type in every shard")
+            return check
         fields: dict = {}
         # only the fields some sample of this batch has, found in one pass: a loop
         # over every field ever seen made reading quadratic in distinct field names
@@ -376,10 +388,10 @@ class BatchReader(SteadyRead):
         for f in present:
             name = names[f]
             if name in typed:
-                fields[name] = ("array", columns.typed_column(typed[name], n))
+                fields[name] = ("array", columns.typed_column(typed[name], n, absent(name)))
             elif has[f]:
                 fields[name] = ("text" if name in text_fields else "bytes", fstart[f], fsize[f])
         for name, parts in typed.items():
             if name not in fields:
-                fields[name] = ("array", columns.typed_column(parts, n))
+                fields[name] = ("array", columns.typed_column(parts, n, absent(name)))
         return fields

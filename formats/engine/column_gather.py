@@ -223,9 +223,9 @@ class ColumnGather:
         ``text_fields`` as columns.place does; returns the batch's keys as UTF-8
         joined by NUL, empty where a position is not columnar."""
         tdst = np.zeros(len(field_ids), np.int64)
+        outs = {}
         for name, dt in self.dtypes.items():
-            out = np.empty(n, dt)
-            typed[name] = [(_all(n), out)]
+            outs[name] = out = np.empty(n, dt)
             tdst[field_ids[name]] = _addr(out)
         for r in self.rows:
             text_fields.update(r.text)
@@ -237,7 +237,18 @@ class ColumnGather:
         k = column_gather(self.table, self.gi, self.row, self.prow, buf, dst_pos, fstart, fsize, kbuf, kpos, tdst)
         if k >= 0:
             raise IndexError(f"columnar sample {k} of the batch points outside its row group's buffers")
+        for name, out in outs.items():
+            typed[name] = [self._written(name, n, out)]
         return kbuf[:-1].tobytes()
+
+    def _written(self, name: str, n: int, out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(positions, values) of ``name`` the kernel wrote: only the rows of
+        groups that hold it, so the rest of ``out`` (never written) is never read."""
+        has = np.array([name in r.dtypes for r in self.rows], np.bool_)
+        pos = self.prow if has.all() else self.prow[has[self.gi]]
+        if len(pos) == n:
+            return _all(n), out
+        return pos, out[pos]
 
 
 def _all(n: int) -> np.ndarray:

@@ -291,8 +291,11 @@ def binary_parts(col: pa.ChunkedArray | pa.Array):
     return data_np, offsets[:-1], sizes
 
 
-def typed_column(parts, n):
-    """Typed columnar values in batch order: a numpy array when possible, else a list."""
+def typed_column(parts, n, absent=None):
+    """Typed columnar values in batch order: a numpy array when possible, else
+    an object array. Positions no part covers (a sample whose shard lacks the
+    field) hold None, as a null in the column does; ``absent(positions)`` is
+    called with them first, to refuse those that hold the field in another form."""
     arrays = []
     for prow, col in parts:
         if isinstance(col, np.ndarray):
@@ -302,8 +305,16 @@ def typed_column(parts, n):
             arrays.append((prow, as_numpy(col)))
         except (pa.ArrowException, TypeError, ValueError):
             arrays.append((prow, np.array(col.to_pylist(), dtype=object)))
-    dtype = np.result_type(*[a.dtype for _, a in arrays]) if arrays else np.int64
-    out = np.empty(n, dtype=dtype)
+    covered = np.zeros(n, np.bool_)
+    for prow, _ in arrays:
+        covered[prow] = True
+    missing = np.flatnonzero(~covered)
+    if len(missing) and absent is not None:
+        absent(missing)
+    if len(missing) or not arrays:
+        out = np.full(n, None, dtype=object)  # never np.empty: unwritten slots would be stale memory
+    else:
+        out = np.empty(n, dtype=np.result_type(*[a.dtype for _, a in arrays]))
     for prow, a in arrays:
         out[prow] = a
     return out

@@ -60,10 +60,18 @@ def threads_allowed() -> int:
 
 
 def _runs(slot: np.ndarray, local: np.ndarray) -> int:
-    # a new run starts where the next sample is not the next one of the same shard
-    if len(local) < 2:
-        return len(local)
-    return 1 + int(np.count_nonzero((np.diff(local) != 1) | (np.diff(slot) != 0)))
+    """Runs of adjacent samples in a batch, counted where it decides anything: ~9 us a batch for the
+    exact count (two diffs) was paid on every 0-worker batch, stored order included, against ~1 us
+    for these checks. A batch whose ends lie ``n - 1`` samples apart in one shard is taken as one run
+    (stored order); otherwise a new run starts where the next sample is not the next one of its
+    shard's sidecar (the shard change a diff of ``slot`` would add is left out: a run counted too few
+    only keeps a batch to one call). Only the split decision reads this: never the bytes read."""
+    n = len(local)
+    if n < 2:
+        return n
+    if int(local[-1]) - int(local[0]) == n - 1 and int(slot[-1]) == int(slot[0]):
+        return 1
+    return 1 + int(np.count_nonzero(np.diff(local) != 1))
 
 
 class SplitGather:

@@ -18,6 +18,7 @@ from shardfeed.formats.engine.split_gather import (
     MIN_RUNS,
     TRY_BATCHES,
     SplitGather,
+    _runs,
     threads_allowed,
 )
 from shardfeed.loader import Loader, ShardDataset
@@ -82,6 +83,20 @@ def test_split_batches_equal_one_call(shards):
     assert fresh._tar_gather.seen == [0, 1]
     for r in (one, two, fresh):
         r.close()
+
+
+def test_runs_tell_stored_from_shuffled_batches():
+    """The split decision's count: one run for a stored batch inside a shard, one per shard
+    crossed, about one per sample for a shuffled batch (and never many for a stored one)."""
+    n = 256
+    assert _runs(np.zeros(n, np.int64), np.arange(4000, 4000 + n)) == 1
+    slot, local = np.repeat(np.array([3, 5]), n // 2), np.r_[np.arange(4000, 4128), np.arange(0, 128)]
+    assert _runs(slot, local) == 2
+    assert _runs(np.zeros(3, np.int64), np.array([7, 9, 8])) == 3  # ends 1 apart, not n - 1
+    rng = np.random.default_rng(5)
+    ids = rng.permutation(8 * 4096)[:n]
+    assert _runs(ids // 4096, ids % 4096) >= n - 8 >= MIN_RUNS
+    assert _runs(np.zeros(1, np.int64), np.array([3])) == 1 and _runs(np.zeros(0, np.int64), np.zeros(0, np.int64)) == 0
 
 
 def test_contiguous_and_small_batches_stay_one_call(shards):

@@ -35,6 +35,23 @@ import traceback
 RESULT_PREFIX = "BENCH_RESULT "
 
 
+def result_of(cmd: list[str], prefix: str, timeout: float, env: dict | None = None, who: str = "process") -> dict:
+    """Run ``cmd`` (a benchmark's own process, often another venv's python) and return the json of
+    its last ``prefix`` line; a timeout or an exit without that line becomes ``{"status": "error: ..."}``
+    naming ``who`` and the last line of its stderr, so one broken peer is a row, not a crash."""
+    import subprocess
+
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"status": f"error: {who} gave no result after {timeout:.0f} s"}
+    for line in reversed(done.stdout.splitlines()):
+        if line.startswith(prefix):
+            return json.loads(line[len(prefix):])
+    tail = (done.stderr.strip().splitlines() or ["no output"])[-1][:300]
+    return {"status": f"error: {who} exited {done.returncode} without a result ({tail})"}
+
+
 def _short(e: BaseException) -> str:
     text = f"{type(e).__name__}: {e}".replace("\n", " ")
     return text if len(text) <= 300 else text[:297] + "..."

@@ -183,23 +183,14 @@ def _dali_python(given: str | None) -> str | None:
 
 
 def _dali_pass(python: str | None, where: dict, size: int, workers: int, n: int) -> dict:
-    import subprocess
-
     from shardfeed.tools.bench import images_dali
+    from shardfeed.tools.bench.child import result_of
     if python is None:
         return {"status": "skipped: no venv with DALI (WITH_DALI=1 tools/bench/install_peers.sh makes .venv-dali; "
                           "or --dali-python / $SHARDFEED_DALI_PYTHON)"}
     job = {"root": where["files"], "size": size, "workers": workers, "n": n, "batch": BATCH}
-    try:
-        done = subprocess.run([python, images_dali.__file__, json.dumps(job)], capture_output=True, text=True,
-                              timeout=1800)
-    except subprocess.TimeoutExpired:
-        return {"status": "error: DALI's pass gave no result after 1800 s"}
-    for line in reversed(done.stdout.splitlines()):
-        if line.startswith(images_dali.RESULT):
-            return json.loads(line[len(images_dali.RESULT):])
-    tail = (done.stderr.strip().splitlines() or ["no output"])[-1][:300]
-    return {"status": f"error: DALI's process exited {done.returncode} without a result ({tail})"}
+    return result_of([python, images_dali.__file__, json.dumps(job)], images_dali.RESULT, 1800,
+                     who="DALI's process")
 
 
 def _ffcv_status() -> str:

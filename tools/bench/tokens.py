@@ -172,18 +172,10 @@ def child(job_json: str) -> None:
 
 
 def _in_streaming(python: str, job: dict, timeout: float = 1800) -> dict:
-    import subprocess
+    from shardfeed.tools.bench.child import result_of
 
-    try:
-        done = subprocess.run([python, "-c", _BY_PATH, os.path.abspath(__file__), json.dumps(job)],
-                              capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"status": f"error: no result after {timeout:.0f} s"}
-    for line in reversed(done.stdout.splitlines()):
-        if line.startswith(RESULT):
-            return json.loads(line[len(RESULT):])
-    tail = (done.stderr.strip().splitlines() or ["no output"])[-1][:300]
-    return {"status": f"error: process exited {done.returncode} without a result ({tail})"}
+    return result_of([python, "-c", _BY_PATH, os.path.abspath(__file__), json.dumps(job)], RESULT, timeout,
+                     who="the process")
 
 
 def _streaming_data(folder: str, bin_path: str, window: int, python: str | None, dtype: str) -> str:
