@@ -151,9 +151,10 @@ class Budget:
                     entries, tmp_bytes, _ = self._scan(fresh=True)  # whole entries may go: their last use now
                     used = tmp_bytes + sum(b for b, _ in entries.values())
                 if used + size + headroom > self.limit_bytes:
-                    # a prefetch evicts other ranges only: a whole shard it evicted would be fetched again
+                    # a prefetch evicts only ranges the plan does not read: a whole shard, or a partial
+                    # copy the plan reads, it evicted would be fetched again (its sidecar with it)
                     used -= self._evict(entries, used + size + headroom - self.limit_bytes, keep=key,
-                                        only=PARTIAL if headroom else "")
+                                        only=PARTIAL if headroom else "", planned=not headroom)
                 if used + size + headroom <= self.limit_bytes:
                     tmp = os.path.join(folder or self.data_dir, f"{key}{suffix}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
                     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
@@ -202,28 +203,35 @@ class Budget:
                     lock.release()
         return freed
 
-    def _evict(self, entries, need: int, keep: str, only: str = "") -> int:
+    def _evict(self, entries, need: int, keep: str, only: str = "", planned: bool = True) -> int:
         freed = 0
-        for key in victim_order({k: v for k, v in entries.items() if k != keep and k.startswith(only)},
-                                self._plan()):
+        plan = self._plan()
+        for key in victim_order({k: v for k, v in entries.items() if k != keep and k.startswith(only)
+                                 and (planned or k not in plan)}, plan):
             if freed >= need:
                 break
-            pin = FileLock(os.path.join(self.lock_dir, key + ".pin"))
-            if not pin.acquire(blocking=False):
+            if not self.remove_unpinned(key):
                 continue  # PINNED: a reader (in any process) holds it
-            try:
-                base = os.path.join(self.data_dir, key)
-                # Every fetcher pins first, so with the pin held exclusively nobody is
-                # inside the fetch lock either: its file can go too (FileLock re-checks
-                # the inode, so a waiter on the old file retries on a new one).
-                for p in (base, base + SIDECAR, base + NO_SIDECAR, os.path.join(self.lock_dir, key + ".fetch")):
-                    unlink_quiet(p)
-                pin.unlink_locked()
-            finally:
-                pin.release()
             freed += entries[key][0]
             self._count(evictions=1)
         return freed
+
+    def remove_unpinned(self, key: str) -> bool:
+        """Remove entry ``key`` (its file, sidecar and locks) unless a reader pins it; whether it went."""
+        pin = FileLock(os.path.join(self.lock_dir, key + ".pin"))
+        if not pin.acquire(blocking=False):
+            return False
+        try:
+            base = os.path.join(self.data_dir, key)
+            # Every fetcher pins first, so with the pin held exclusively nobody is
+            # inside the fetch lock either: its file can go too (FileLock re-checks
+            # the inode, so a waiter on the old file retries on a new one).
+            for p in (base, base + SIDECAR, base + NO_SIDECAR, os.path.join(self.lock_dir, key + ".fetch")):
+                unlink_quiet(p)
+            pin.unlink_locked()
+        finally:
+            pin.release()
+        return True
 
 
 def unlink_quiet(path: str) -> None:
