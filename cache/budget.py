@@ -25,6 +25,7 @@ from shardfeed.formats import ShardError
 
 SIDECAR = ".idx"
 PARTIAL = "r-"  # key prefix of a partial copy (ranges.py)
+_NEVER = 1 << 62  # a step after every planned one (a prefetch with headroom evicts only what no plan reads)
 NO_SIDECAR = ".noidx"  # marker: the source has no sidecar for this shard (a foreign tar)
 
 
@@ -130,13 +131,19 @@ class Budget:
         return {k: (b, t) for k, (b, t) in entries.items()}, tmp_bytes, temps
 
     def make_room_and_create(self, key: str, suffix: str, size: int, url: str, folder: str | None = None,
-                             headroom: int = 0) -> str:
+                             headroom: int = 0, for_step: int | None = None) -> str:
         """A new temporary for ``key`` of ``size`` bytes, within the budget; the
         caller holds ``key``'s fetch lock (or, with ``folder``, writes a
         metadata file there: ``<folder>/<key>.tmp-...``). Rename it into place
-        under ``locked()``. ``headroom``: bytes that must stay free beside it
-        (what the readers may still need, ranged_reads.py); then NoRoom at once
-        rather than a wait, for a fetch nobody waits on (a prefetch)."""
+        under ``locked()``.
+
+        A prefetch (a fetch nobody waits on) gets NoRoom at once rather than a
+        wait, and evicts partial copies only, never a whole shard: with
+        ``headroom``, bytes that must stay free beside it (what the readers may
+        still need, ranged_reads.py), and only copies no plan reads; with
+        ``for_step`` (the step the bytes are fetched for: the prefetcher's
+        guaranteed window), copies whose next use is later than that step
+        (Belady: the reader would evict the same ones to fetch it itself)."""
         if size > self.limit_bytes:
             raise CacheLimitError(url, f"shard of {size} bytes does not fit a cache limit of {self.limit_bytes} "
                                        f"bytes; raise limit_bytes to at least {size}", size)
@@ -147,14 +154,16 @@ class Budget:
                 entries, tmp_bytes, temps = self._scan()
                 tmp_bytes -= self._drop_orphans(temps, mine=key)
                 used = tmp_bytes + sum(b for b, _ in entries.values())
-                if used + size + headroom > self.limit_bytes and not headroom:
+                advice = bool(headroom) or for_step is not None
+                if used + size + headroom > self.limit_bytes and not advice:
                     entries, tmp_bytes, _ = self._scan(fresh=True)  # whole entries may go: their last use now
                     used = tmp_bytes + sum(b for b, _ in entries.values())
                 if used + size + headroom > self.limit_bytes:
-                    # a prefetch evicts only ranges the plan does not read: a whole shard, or a partial
-                    # copy the plan reads, it evicted would be fetched again (its sidecar with it)
+                    # a prefetch evicts only ranges read after the ones it brings: a whole shard, or a
+                    # partial copy read sooner, it evicted would be fetched again (its sidecar with it)
+                    after = None if not advice else for_step if for_step is not None else _NEVER
                     used -= self._evict(entries, used + size + headroom - self.limit_bytes, keep=key,
-                                        only=PARTIAL if headroom else "", planned=not headroom)
+                                        only=PARTIAL if advice else "", after=after)
                 if used + size + headroom <= self.limit_bytes:
                     tmp = os.path.join(folder or self.data_dir, f"{key}{suffix}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
                     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
@@ -167,7 +176,7 @@ class Budget:
                     os.close(fd)
                     self._live = {p for p in self._live if os.path.exists(p)} | {tmp}
                     return tmp
-            if headroom:
+            if advice:
                 raise NoRoom(url, f"no room for {size} bytes beside the {headroom} kept for readers", size)
             if time.monotonic() > deadline:
                 held = used
@@ -203,11 +212,13 @@ class Budget:
                     lock.release()
         return freed
 
-    def _evict(self, entries, need: int, keep: str, only: str = "", planned: bool = True) -> int:
+    def _evict(self, entries, need: int, keep: str, only: str = "", after: int | None = None) -> int:
+        """Evict up to ``need`` bytes of ``entries`` (prefixed ``only``) in victim order, skipping
+        pinned ones; with ``after``, only entries no plan reads at or before step ``after``."""
         freed = 0
         plan = self._plan()
         for key in victim_order({k: v for k, v in entries.items() if k != keep and k.startswith(only)
-                                 and (planned or k not in plan)}, plan):
+                                 and (after is None or plan.get(k, _NEVER + 1) > after)}, plan):
             if freed >= need:
                 break
             if not self.remove_unpinned(key):

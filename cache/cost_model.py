@@ -106,6 +106,15 @@ def expected_working(total_bytes: int, samples: int, batch: int, batches_held: i
     return int(batches_held * batch * outside * (mean_span(total_bytes, samples) + BLOCK))
 
 
+def window_held(limit_bytes: int, total_bytes: int, sidecar_share: float, samples: int, batch: int,
+                batches_held: int, reserve_bytes: int) -> int:
+    """What the prefetchers' windows hold on average (``expected_working``) beside whole shards
+    that leave ``reserve_bytes`` free: the part of the reserve neither dense reuse nor the cost
+    model's whole shards may take (ranged_reads.RangePolicy.slack, simulate.simulate_ranged)."""
+    outside = min(1.0, max(0.0, 1 - (limit_bytes - reserve_bytes) / max(1.0, total_bytes * (1 + sidecar_share))))
+    return expected_working(total_bytes, samples, batch, batches_held, outside)
+
+
 def batches_held(ranks: int, readers: int, near_steps: int) -> int:
     """Batches the node's prefetchers hold beyond the readers' own (which the headroom
     holds, ``range_working(batch_only=True)``): each rank's prefetcher brings ``near_steps``

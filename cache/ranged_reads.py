@@ -91,6 +91,7 @@ class RangePolicy:
         self.expected = 0  # bytes the node's ranges hold on average (cost_model.expected_working)
         self.headroom = 0  # bytes a prefetch leaves free: what the readers' batches may still need
         self.batch, self.held = 0, 0  # samples a step, batches the node's ranges hold at once (working_set)
+        self.window_bytes = 0  # what a rank's prefetcher may hold for the steps after the readers' next
         self._sized()
 
         self._used = (0.0, 0)
@@ -104,8 +105,14 @@ class RangePolicy:
         self.fits = total * (1 + measured) <= limit * 1.002  # sidecars as measured so far (a budget of exactly all)
         self.reserve = 0 if self.fits else range_reserve(limit, total, self.sidecar_share, self.samples, self.batch,
                                                          self.held, self.working, self.fixed, self.headroom)
-        outside = min(1.0, max(0.0, 1 - (limit - self.reserve) / max(1.0, total * (1 + self.sidecar_share))))
-        self.expected = cm.expected_working(total, self.samples, self.batch, self.held, outside)
+        self.expected = cm.window_held(limit, total, self.sidecar_share, self.samples, self.batch, self.held,
+                                       self.reserve)
+        # a rank's prefetcher's share of it: the steps it brings beyond the readers' next (clairvoyant.py)
+        self.window_bytes = 0 if self.fits else int(self.expected * (NEAR_STEPS - 1) / max(1, self.held))
+
+    def sample_bytes(self) -> int:
+        """Budget bytes one sample's range holds on average (cost_model.expected_working's unit)."""
+        return int(cm.mean_span(self.total_bytes, self.samples) + cm.BLOCK)
 
     def working_set(self, index, batch: int, readers: int, ranks: int) -> int:
         """Most bytes the node's ranges hold pinned at once (cost_model.range_working), ``readers``
@@ -168,8 +175,9 @@ class RangePolicy:
 
     def slack(self) -> int:
         """The part of the reserve dense reuse may take: never what the readers pin at worst
-        (a whole shard a reader keeps open is pinned: room a waiting reader would need)."""
-        return max(0, self.reserve - self.working - self.fixed)
+        (a whole shard a reader keeps open is pinned: room a waiting reader would need), nor
+        the prefetchers' windows (whole shards there would leave the prefetch no room)."""
+        return max(0, self.reserve - self.working - self.fixed - self.expected)
 
     def admit(self, size: int, pending: int = 0) -> bool:
         return self.used() + pending + size + self.reserve <= self.cache.limit_bytes
@@ -233,7 +241,8 @@ class RangePolicy:
 
     def stats(self) -> dict:
         return {**self.fetcher.counters, **self.cost.describe(), "whole_decisions": self.decisions[WHOLE],
-                "range_decisions": self.decisions[RANGES], "reserve_bytes": self.reserve}
+                "range_decisions": self.decisions[RANGES], "reserve_bytes": self.reserve,
+                "window_bytes": self.window_bytes}
 
 
 class RangedShards(CachedShards):

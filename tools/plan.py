@@ -94,9 +94,9 @@ def ranged_reserve(counts, sizes, limit: int, rpn: int, batch_size: int, sidecar
                    side_bytes: int | None = None, fixed_bytes: int | None = None, floor: bool = False):
     """The room shardfeed's cache keeps for sample ranges (RangePolicy's reserve, the same
     functions): ``rpn`` ranks, each with ``workers`` readers (num_workers; 0: one);
-    ``floor``: (reserve, the worst case of the pins and the metadata, which the cost
-    model's whole shards may take the rest of)."""
-    from shardfeed.cache.cost_model import batches_held, range_reserve, range_working
+    ``floor``: (reserve, the worst case of the pins, the metadata and the prefetch windows,
+    which the cost model's whole shards may take the rest of)."""
+    from shardfeed.cache.cost_model import batches_held, range_reserve, range_working, window_held
     from shardfeed.cache.ranged_reads import NEAR_STEPS, plan_bytes
 
     total, samples = int(np.sum(sizes)), int(np.sum(counts))
@@ -107,9 +107,10 @@ def ranged_reserve(counts, sizes, limit: int, rpn: int, batch_size: int, sidecar
     worst = range_working(sizes, counts, side, batch_size, readers)
     fixed = rpn * plan_bytes(len(sizes), True) + (0 if fixed_bytes is None else int(fixed_bytes))
     headroom = range_working(sizes, counts, side, batch_size, readers, batch_only=True)
-    reserve = range_reserve(limit, total, sidecar_share, samples, batch_size, batches_held(rpn, readers, NEAR_STEPS),
-                            worst, fixed, headroom)
-    return (reserve, worst + fixed) if floor else reserve
+    held = batches_held(rpn, readers, NEAR_STEPS)
+    reserve = range_reserve(limit, total, sidecar_share, samples, batch_size, held, worst, fixed, headroom)
+    windows = window_held(limit, total, sidecar_share, samples, batch_size, held, reserve)
+    return (reserve, worst + fixed + windows) if floor else reserve
 
 
 def ranged_epochs(counts, sizes, acc, limit: int, rpn: int, batch_size: int, sidecar_share: float,

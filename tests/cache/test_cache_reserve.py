@@ -45,6 +45,11 @@ def test_plan_keeps_the_reserve_the_policy_keeps(tmp_path, dataset, f, ranks, wo
     planned = ranged_reserve(index.counts, sizes, limit, ranks, 8, share, workers, side_bytes=_side_bytes(index),
                              fixed_bytes=0)
     assert policy.reserve > 0 and planned == policy.reserve
+    # the part of it the cost model's whole shards may not take (the pins, the metadata and the
+    # prefetch windows) is the floor the simulator admits against
+    _, floor = ranged_reserve(index.counts, sizes, limit, ranks, 8, share, workers, side_bytes=_side_bytes(index),
+                              fixed_bytes=0, floor=True)
+    assert floor == policy.reserve - policy.slack() and policy.window_bytes > 0
     # more readers per rank pin more batches: the plan sees it (it modelled one reader a rank before)
     if workers > 1:
         assert planned > ranged_reserve(index.counts, sizes, limit, ranks, 8, share, 0,
@@ -89,6 +94,42 @@ def test_a_prefetch_never_evicts_a_partial_copy_the_plan_reads(tmp_path):
     # a reader (no headroom) needs the room now: it may evict what the plan reads
     os.unlink(budget.make_room_and_create("r-new", "", 60_000, "http://x/new.tar"))
     assert os.listdir(data) == []
+
+
+def test_a_prefetch_for_a_step_evicts_only_copies_read_after_it(tmp_path):
+    """The prefetcher's window (for_step): Belady at range granularity, among partial copies
+    only: a copy read after the step it fetches for may go, one read sooner stays, and a whole
+    shard stays whatever its next use."""
+    cdir = str(tmp_path)
+    data = os.path.join(cdir, "data")
+    os.makedirs(data)
+    os.makedirs(os.path.join(cdir, "locks"))
+    for key in ("r-soon", "r-late", "h-whole"):
+        _partial(data, key, 40960)
+    plan = {"r-soon": 3, "r-late": 9, "h-whole": 20}
+    budget = Budget(cdir, 130_000, 1.0, lambda: plan, lambda **_: None)
+    os.unlink(budget.make_room_and_create("r-new", "", 8192, "http://x/new.tar", for_step=5))
+    assert sorted(os.listdir(data)) == ["h-whole", "r-soon"]  # read at 9, after 5: it went
+    with pytest.raises(NoRoom):  # r-soon is read at 3, before 5; h-whole is a whole shard
+        budget.make_room_and_create("r-new", "", 60_000, "http://x/new.tar", for_step=5)
+    os.unlink(budget.make_room_and_create("r-new", "", 60_000, "http://x/new.tar", for_step=2))  # 3 is after 2
+    assert os.listdir(data) == ["h-whole"]
+
+
+def test_the_prefetch_window_is_given_back_as_the_readers_move(tmp_path):
+    """What the prefetcher may hold for the steps after the readers' next one: claimed up to
+    policy.window_bytes; a step the readers reach leaves it (its samples are theirs now)."""
+    from types import SimpleNamespace
+
+    from shardfeed.cache.clairvoyant import SamplePrefetcher
+
+    policy = SimpleNamespace(window_bytes=100)
+    with SamplePrefetcher(ShardCache(str(tmp_path / "c"), 1 << 20), lambda pos: ([], []), policy) as p:
+        p.moved(None, 10)
+        assert p._window_room(11, 60) and not p._window_room(12, 50)  # 110 > 100
+        assert p._window_room(12, 40)
+        p.moved(None, 11)  # the readers' next step is 11: its 60 bytes leave the window
+        assert p._window_room(12, 60) and not p._window_room(13, 1)
 
 
 def test_simulator_admits_beyond_the_worst_case_only_for_two_samples_soon():
