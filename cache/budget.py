@@ -22,6 +22,7 @@ import uuid
 from shardfeed.cache.locks import FileLock
 from shardfeed.cache.lookahead import victim_order
 from shardfeed.formats import ShardError
+from shardfeed.formats.staging import pid_alive
 
 SIDECAR = ".idx"
 PARTIAL = "r-"  # key prefix of a partial copy (ranges.py)
@@ -198,6 +199,8 @@ class Budget:
         for key, path, size in temps:
             if path in self._live:
                 continue  # this fetch's own shard temporary, while it writes a file beside it
+            if key != mine and _admission_held(path):
+                continue  # room a live process admitted a whole shard into (ranged_reads.py), before its fetch
             if key == mine:
                 unlink_quiet(path)
                 freed += size
@@ -243,6 +246,26 @@ class Budget:
         finally:
             pin.release()
         return True
+
+
+ADMIT = ".tmp-admit-"  # a placeholder holding room for a whole shard admitted, until its fetch starts
+ADMIT_HOLD_S = 60.0  # longer than any admission waits for its fetch to start (a fetch lock another holds)
+
+
+def _admission_held(path: str) -> bool:
+    """Whether the placeholder ``path`` (``<key>.tmp-admit-<pid>-<id>``) still holds its room:
+    its process lives and it is recent. Nobody holds its key's fetch lock before the fetch
+    starts, so without this any budget scan took it for a dead fetcher's temporary and
+    dropped it, and concurrent admissions (other ranks) overfilled the whole shards' room."""
+    name = os.path.basename(path)
+    if ADMIT not in name:
+        return False
+    try:
+        pid = int(name.split(ADMIT, 1)[1].split("-", 1)[0])
+        age = time.time() - os.stat(path).st_mtime
+    except (ValueError, OSError):
+        return False
+    return age < ADMIT_HOLD_S and pid_alive(pid)
 
 
 def unlink_quiet(path: str) -> None:

@@ -209,6 +209,7 @@ class RangePolicy:
         same free room."""
         import uuid
 
+        from shardfeed.cache.budget import ADMIT
         from shardfeed.cache.locks import FileLock
 
         cache = self.cache
@@ -220,7 +221,7 @@ class RangePolicy:
                 return False
             if os.path.exists(os.path.join(cache.data_dir, key)):
                 return True
-            tmp = os.path.join(cache.data_dir, f"{key}.tmp-admit-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+            tmp = os.path.join(cache.data_dir, f"{key}{ADMIT}{os.getpid()}-{uuid.uuid4().hex[:8]}")
             with open(tmp, "wb") as f:
                 f.truncate(size)
             self._used = (time.monotonic(), used + size)

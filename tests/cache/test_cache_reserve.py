@@ -132,6 +132,31 @@ def test_the_prefetch_window_is_given_back_as_the_readers_move(tmp_path):
         assert p._window_room(12, 60) and not p._window_room(13, 1)
 
 
+def test_an_admitted_shards_room_stays_held_until_its_fetch_starts(tmp_path):
+    """RangePolicy._claim holds room for a whole shard with a placeholder; another fetch's scan
+    must not take it for a dead fetcher's temporary (nobody holds its fetch lock yet): with 4
+    ranks admitting at once, the whole shards overfilled their room (16 where 12 fit) and the
+    readers' batches no longer did. A dead process's placeholder is dropped."""
+    from shardfeed.cache.budget import ADMIT, CacheLimitError
+
+    cdir = str(tmp_path)
+    data = os.path.join(cdir, "data")
+    os.makedirs(data)
+    os.makedirs(os.path.join(cdir, "locks"))
+    live = os.path.join(data, f"h-x{ADMIT}{os.getpid()}-abcd")
+    dead = os.path.join(data, f"h-y{ADMIT}{(1 << 22) + 7}-abcd")  # above any pid_max: no such process
+    for p in (live, dead):
+        with open(p, "wb") as fh:
+            fh.truncate(40_000)
+    budget = Budget(cdir, 100_000, 0.2, lambda: {}, lambda **_: None)
+    os.unlink(budget.make_room_and_create("h-z", "", 10_000, "http://x/z.tar"))
+    assert os.path.exists(live) and not os.path.exists(dead)
+    with pytest.raises(CacheLimitError):  # 60,000 free beside the placeholder
+        budget.make_room_and_create("h-z", "", 70_000, "http://x/z.tar")
+    os.unlink(budget.make_room_and_create("h-x", "", 70_000, "http://x/x.tar"))  # its own fetch takes it over
+    assert not os.path.exists(live)
+
+
 def test_simulator_admits_beyond_the_worst_case_only_for_two_samples_soon():
     # two shards of 100 bytes; the reserve (200) leaves no room for one in 250, the worst case (100) does
     sizes, counts = [100, 100], [4, 4]
