@@ -22,9 +22,11 @@ import uuid
 from shardfeed.cache.locks import FileLock
 from shardfeed.cache.lookahead import victim_order
 from shardfeed.formats import ShardError
+from shardfeed.formats.staging import pid_alive
 
 SIDECAR = ".idx"
 PARTIAL = "r-"  # key prefix of a partial copy (ranges.py)
+_NEVER = 1 << 62  # a step after every planned one (a prefetch with headroom evicts only what no plan reads)
 NO_SIDECAR = ".noidx"  # marker: the source has no sidecar for this shard (a foreign tar)
 
 
@@ -130,13 +132,19 @@ class Budget:
         return {k: (b, t) for k, (b, t) in entries.items()}, tmp_bytes, temps
 
     def make_room_and_create(self, key: str, suffix: str, size: int, url: str, folder: str | None = None,
-                             headroom: int = 0) -> str:
+                             headroom: int = 0, for_step: int | None = None) -> str:
         """A new temporary for ``key`` of ``size`` bytes, within the budget; the
         caller holds ``key``'s fetch lock (or, with ``folder``, writes a
         metadata file there: ``<folder>/<key>.tmp-...``). Rename it into place
-        under ``locked()``. ``headroom``: bytes that must stay free beside it
-        (what the readers may still need, ranged_reads.py); then NoRoom at once
-        rather than a wait, for a fetch nobody waits on (a prefetch)."""
+        under ``locked()``.
+
+        A prefetch (a fetch nobody waits on) gets NoRoom at once rather than a
+        wait, and evicts partial copies only, never a whole shard: with
+        ``headroom``, bytes that must stay free beside it (what the readers may
+        still need, ranged_reads.py), and only copies no plan reads; with
+        ``for_step`` (the step the bytes are fetched for: the prefetcher's
+        guaranteed window), copies whose next use is later than that step
+        (Belady: the reader would evict the same ones to fetch it itself)."""
         if size > self.limit_bytes:
             raise CacheLimitError(url, f"shard of {size} bytes does not fit a cache limit of {self.limit_bytes} "
                                        f"bytes; raise limit_bytes to at least {size}", size)
@@ -147,13 +155,16 @@ class Budget:
                 entries, tmp_bytes, temps = self._scan()
                 tmp_bytes -= self._drop_orphans(temps, mine=key)
                 used = tmp_bytes + sum(b for b, _ in entries.values())
-                if used + size + headroom > self.limit_bytes and not headroom:
+                advice = bool(headroom) or for_step is not None
+                if used + size + headroom > self.limit_bytes and not advice:
                     entries, tmp_bytes, _ = self._scan(fresh=True)  # whole entries may go: their last use now
                     used = tmp_bytes + sum(b for b, _ in entries.values())
                 if used + size + headroom > self.limit_bytes:
-                    # a prefetch evicts other ranges only: a whole shard it evicted would be fetched again
+                    # a prefetch evicts only ranges read after the ones it brings: a whole shard, or a
+                    # partial copy read sooner, it evicted would be fetched again (its sidecar with it)
+                    after = None if not advice else for_step if for_step is not None else _NEVER
                     used -= self._evict(entries, used + size + headroom - self.limit_bytes, keep=key,
-                                        only=PARTIAL if headroom else "")
+                                        only=PARTIAL if advice else "", after=after)
                 if used + size + headroom <= self.limit_bytes:
                     tmp = os.path.join(folder or self.data_dir, f"{key}{suffix}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
                     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
@@ -166,7 +177,7 @@ class Budget:
                     os.close(fd)
                     self._live = {p for p in self._live if os.path.exists(p)} | {tmp}
                     return tmp
-            if headroom:
+            if advice:
                 raise NoRoom(url, f"no room for {size} bytes beside the {headroom} kept for readers", size)
             if time.monotonic() > deadline:
                 held = used
@@ -188,6 +199,8 @@ class Budget:
         for key, path, size in temps:
             if path in self._live:
                 continue  # this fetch's own shard temporary, while it writes a file beside it
+            if key != mine and _admission_held(path):
+                continue  # room a live process admitted a whole shard into (ranged_reads.py), before its fetch
             if key == mine:
                 unlink_quiet(path)
                 freed += size
@@ -202,28 +215,57 @@ class Budget:
                     lock.release()
         return freed
 
-    def _evict(self, entries, need: int, keep: str, only: str = "") -> int:
+    def _evict(self, entries, need: int, keep: str, only: str = "", after: int | None = None) -> int:
+        """Evict up to ``need`` bytes of ``entries`` (prefixed ``only``) in victim order, skipping
+        pinned ones; with ``after``, only entries no plan reads at or before step ``after``."""
         freed = 0
-        for key in victim_order({k: v for k, v in entries.items() if k != keep and k.startswith(only)},
-                                self._plan()):
+        plan = self._plan()
+        for key in victim_order({k: v for k, v in entries.items() if k != keep and k.startswith(only)
+                                 and (after is None or plan.get(k, _NEVER + 1) > after)}, plan):
             if freed >= need:
                 break
-            pin = FileLock(os.path.join(self.lock_dir, key + ".pin"))
-            if not pin.acquire(blocking=False):
+            if not self.remove_unpinned(key):
                 continue  # PINNED: a reader (in any process) holds it
-            try:
-                base = os.path.join(self.data_dir, key)
-                # Every fetcher pins first, so with the pin held exclusively nobody is
-                # inside the fetch lock either: its file can go too (FileLock re-checks
-                # the inode, so a waiter on the old file retries on a new one).
-                for p in (base, base + SIDECAR, base + NO_SIDECAR, os.path.join(self.lock_dir, key + ".fetch")):
-                    unlink_quiet(p)
-                pin.unlink_locked()
-            finally:
-                pin.release()
             freed += entries[key][0]
             self._count(evictions=1)
         return freed
+
+    def remove_unpinned(self, key: str) -> bool:
+        """Remove entry ``key`` (its file, sidecar and locks) unless a reader pins it; whether it went."""
+        pin = FileLock(os.path.join(self.lock_dir, key + ".pin"))
+        if not pin.acquire(blocking=False):
+            return False
+        try:
+            base = os.path.join(self.data_dir, key)
+            # Every fetcher pins first, so with the pin held exclusively nobody is
+            # inside the fetch lock either: its file can go too (FileLock re-checks
+            # the inode, so a waiter on the old file retries on a new one).
+            for p in (base, base + SIDECAR, base + NO_SIDECAR, os.path.join(self.lock_dir, key + ".fetch")):
+                unlink_quiet(p)
+            pin.unlink_locked()
+        finally:
+            pin.release()
+        return True
+
+
+ADMIT = ".tmp-admit-"  # a placeholder holding room for a whole shard admitted, until its fetch starts
+ADMIT_HOLD_S = 60.0  # longer than any admission waits for its fetch to start (a fetch lock another holds)
+
+
+def _admission_held(path: str) -> bool:
+    """Whether the placeholder ``path`` (``<key>.tmp-admit-<pid>-<id>``) still holds its room:
+    its process lives and it is recent. Nobody holds its key's fetch lock before the fetch
+    starts, so without this any budget scan took it for a dead fetcher's temporary and
+    dropped it, and concurrent admissions (other ranks) overfilled the whole shards' room."""
+    name = os.path.basename(path)
+    if ADMIT not in name:
+        return False
+    try:
+        pid = int(name.split(ADMIT, 1)[1].split("-", 1)[0])
+        age = time.time() - os.stat(path).st_mtime
+    except (ValueError, OSError):
+        return False
+    return age < ADMIT_HOLD_S and pid_alive(pid)
 
 
 def unlink_quiet(path: str) -> None:

@@ -138,13 +138,68 @@ class SamplePrefetcher(PlanPrefetcher):
     as the lookahead, for eviction), ``near``: ``[(ref, step, (local ids, their steps), sample
     count)]``, the samples of the next steps by shard in order of first use.
     Each near shard is fetched as ``policy`` decides (whole, or its samples as
-    ranges into its partial copy), ``threads`` shards at a time."""
+    ranges into its partial copy), ``threads`` shards at a time.
+
+    Room for ranges (the guaranteed window): the samples of the readers' next
+    step are what the readers would fetch themselves, so they come on the
+    readers' terms; the later steps' ranges come while the ranges this
+    prefetcher brought for steps after the readers' next one add up to at most
+    ``policy.window_bytes`` (the part of the reserve sized for them, cost_model.
+    range_reserve). Either may evict a partial copy read after the step it
+    fetches for (Belady at range granularity: the reader would evict the same
+    one), never a whole shard. Beyond the window a range needs the readers'
+    headroom free and evicts only copies no plan reads."""
 
     def __init__(self, cache: ShardCache, plan_fn, policy, threads: int = 2):
         self.policy = policy
         self.fetched_samples = 0  # samples this prefetcher brought (for tests and benchmarks)
         self.skipped = 0  # shards not prefetched: no room beyond what the readers may need
+        self._window: dict[int, int] = {}  # step after the readers' next -> bytes brought for it
         super().__init__(cache, plan_fn, 0, threads)
+
+    def _window_room(self, step: int, nbytes: int) -> bool:
+        """Claim ``nbytes`` of the window for samples of ``step`` (after the readers' next step)."""
+        with self._cv:
+            for s in [s for s in self._window if s <= self._step]:
+                del self._window[s]  # the readers' next step, or read: on the readers' terms now
+            if sum(self._window.values()) + nbytes > self.policy.window_bytes:
+                return False
+            self._window[step] = self._window.get(step, 0) + nbytes
+            return True
+
+    def _bring(self, ref, local, steps, count) -> int:
+        """Samples ``local`` (read at ``steps``) of ``ref`` into its partial copy, nearest step
+        first, on the terms of the class docstring; samples brought (NoRoom once none came)."""
+        import numpy as np
+
+        fetcher, per_sample = self.policy.fetcher, self.policy.sample_bytes()
+        n, now = 0, self._step
+        for step in np.unique(steps).tolist():
+            mine = local[steps == step]
+            claim = len(mine) * per_sample
+            try:
+                if step <= now:
+                    n += fetcher.ensure(ref, mine, count, cancel=self._stop, for_step=step)[1]
+                elif self._window_room(step, claim):
+                    got = 0
+                    try:
+                        got = fetcher.ensure(ref, mine, count, cancel=self._stop, for_step=step)[1]
+                    finally:
+                        with self._cv:  # the window holds what came, not what was present already
+                            if step in self._window:
+                                self._window[step] += got * per_sample - claim
+                    n += got
+                else:
+                    # beyond the window: the readers' room stays free (else a reader could wait on it)
+                    n += fetcher.ensure(ref, mine, count, cancel=self._stop,
+                                        headroom=max(1, self.policy.headroom))[1]
+            except NoRoom:
+                if not n:
+                    raise
+                self.skipped += 1
+                self._count(prefetch_skipped=1)
+                break
+        return n
 
     def _run(self) -> None:
         from shardfeed.cache.ranges import partial_key
@@ -183,7 +238,8 @@ class SamplePrefetcher(PlanPrefetcher):
                 self._count(prefetch_present=1)
                 return
             local, steps = local
-            local = local[steps >= self._step]  # samples of steps the consumer passed: read already
+            keep = steps >= self._step  # samples of steps the consumer passed: read already
+            local, steps = local[keep], steps[keep]
             if not len(local):
                 self._count(prefetch_passed=1)
                 return
@@ -195,8 +251,7 @@ class SamplePrefetcher(PlanPrefetcher):
                 return
             pin = fetcher.pin(ref)
             try:
-                # beyond the room the node's readers may need (else a reader could wait on what it prefetched)
-                _, n = fetcher.ensure(ref, local, count, cancel=self._stop, headroom=max(1, self.policy.headroom))
+                n = self._bring(ref, local, steps, count)
                 self.fetched_samples += n
                 self._count(**({"prefetch_samples": n} if n else {"prefetch_present": 1}))
             finally:

@@ -66,28 +66,60 @@ class CostModel:
                 "gap_bytes": self.gap_bytes(), "requests_observed": self.samples}
 
 
-RESERVE_SHARE = 1 / 32  # of the budget, kept free for ranges in flight and partial copies
-
-
-def range_reserve(limit_bytes: int, total_bytes: int, sidecar_share: float, expected_bytes: int,
-                  worst_bytes: int = 0, fixed_bytes: int = 0) -> int:
+def range_reserve(limit_bytes: int, total_bytes: int, sidecar_share: float, samples: int, batch: int,
+                  batches_held: int, worst_bytes: int = 0, fixed_bytes: int = 0, headroom_bytes: int = 0) -> int:
     """Bytes of the budget kept free of whole shards when the data does not fit
-    (ranged_reads.py): a share of the budget, the sidecars of the shards left
-    outside and what the node's ranges hold on average (``expected_working``),
-    and never less than what they pin at worst (``range_working``) beside what
-    eviction cannot free: whole shards a reader keeps open are pinned, so they
-    must never hold room a waiting reader needs."""
-    outside = max(0.0, 1.0 - limit_bytes / max(1, total_bytes * (1 + sidecar_share)))
-    usual = limit_bytes * RESERVE_SHARE + total_bytes * sidecar_share * outside + expected_bytes
-    return int(max(usual, worst_bytes + fixed_bytes))
+    (ranged_reads.py): what the node's ranges hold on average, never less than
+    what they pin at worst (``range_working``), beside what eviction cannot free
+    (``fixed_bytes``: the mirrored index, the plans). Whole shards a reader keeps
+    open are pinned, so they must never hold room a waiting reader needs.
+
+    On average the ranges hold the sidecars of the shards not held whole (each
+    partial copy keeps its own) and ``batches_held`` batches of ``batch``
+    samples (``expected_working``), only the share of them read from those
+    shards, beside the ``headroom_bytes`` every prefetch leaves free (without
+    it the prefetchers would have no room); the shards held whole depend on
+    the reserve, so the share is solved for (a few rounds of a monotone fixed point)."""
+    kept = max(1.0, total_bytes * (1 + sidecar_share))
+    reserve = worst_bytes + fixed_bytes
+    for _ in range(4):
+        outside = min(1.0, max(0.0, 1.0 - (limit_bytes - reserve) / kept))
+        usual = (total_bytes * sidecar_share * outside + fixed_bytes + headroom_bytes
+                 + expected_working(total_bytes, samples, batch, batches_held, outside))
+        reserve = max(usual, worst_bytes + fixed_bytes)
+    return int(reserve)
 
 
-def expected_working(total_bytes: int, samples: int, shards: int, batch: int, shards_per_step: int,
-                     readers: int, sidecar_share: float) -> int:
-    """Bytes ``readers`` batches hold at once as ranges and sidecars, on average."""
-    avg = total_bytes / max(1, samples)
-    sidecar = sidecar_share * total_bytes / max(1, shards)
-    return int(readers * (batch * avg + shards_per_step * sidecar))
+TAR_EDGES = 768  # bytes of a tar sample no range reads: its first header, its last member's padding (mean)
+
+
+def mean_span(total_bytes: int, samples: int) -> float:
+    """Bytes a sample's range reads, on average: the mean sample less the tar framing outside it."""
+    mean = total_bytes / max(1, samples)
+    return max(mean - TAR_EDGES, mean / 2)
+
+
+def expected_working(total_bytes: int, samples: int, batch: int, batches_held: int, outside: float) -> int:
+    """Bytes ``batches_held`` batches of ``batch`` samples hold as ranges at once, on average,
+    ``outside`` being the share of samples read from shards not held whole: each such
+    sample in the disk blocks its range touches (its span plus one block, on average)."""
+    return int(batches_held * batch * outside * (mean_span(total_bytes, samples) + BLOCK))
+
+
+def window_held(limit_bytes: int, total_bytes: int, sidecar_share: float, samples: int, batch: int,
+                batches_held: int, reserve_bytes: int) -> int:
+    """What the prefetchers' windows hold on average (``expected_working``) beside whole shards
+    that leave ``reserve_bytes`` free: the part of the reserve neither dense reuse nor the cost
+    model's whole shards may take (ranged_reads.RangePolicy.slack, simulate.simulate_ranged)."""
+    outside = min(1.0, max(0.0, 1 - (limit_bytes - reserve_bytes) / max(1.0, total_bytes * (1 + sidecar_share))))
+    return expected_working(total_bytes, samples, batch, batches_held, outside)
+
+
+def batches_held(ranks: int, readers: int, near_steps: int) -> int:
+    """Batches the node's prefetchers hold beyond the readers' own (which the headroom
+    holds, ``range_working(batch_only=True)``): each rank's prefetcher brings ``near_steps``
+    steps, the first its reader's. ``readers``: unused, as the headroom counts each one."""
+    return max(1, int(ranks)) * max(0, int(near_steps) - 1)
 
 
 BLOCK = 4096  # the disk block a sparse partial copy holds whole (ranges.py); the budget counts blocks
@@ -99,7 +131,7 @@ def range_blocks(nbytes: int) -> int:
     return 0 if nbytes <= 0 else ((int(nbytes) - 1) // BLOCK + 2) * BLOCK
 
 
-def range_working(sizes, counts, side_bytes: int, batch: int, readers: int, kept_open: int,
+def range_working(sizes, counts, side_bytes: int, batch: int, readers: int, kept_open: int = 0,
                   batch_only: bool = False) -> int:
     """Most budget bytes the node's readers hold pinned as sample ranges while each waits for
     room (the start check, and the reserve every other fetch leaves free: whole shards and
@@ -107,12 +139,16 @@ def range_working(sizes, counts, side_bytes: int, batch: int, readers: int, kept
 
     Each of ``readers`` pins the batch it reads (``batch`` samples, each in the disk blocks
     its range can touch, never more than the shards' own blocks) and the sidecar of every
-    partial copy it has open (its batch's and the ``kept_open`` between reads, counted by
-    size as the budget does); the room asked for is one range, at most the samples of
-    one shard a batch holds. Ranges in flight are not counted: each is dropped once its
-    request ends, whoever waits. ``batch_only``: what the batches still need beside what
-    the cache holds (their ranges and sidecars, not the kept-open sidecars), the headroom
-    a prefetch leaves free."""
+    partial copy it has open (its batch's, and ``kept_open`` between reads; a ranged reader
+    closes its partial copies after each read, so 0), counted by size as the budget does;
+    the room asked for is one range, at most the samples of one shard a batch holds. Ranges
+    in flight are not counted: each is dropped once its request ends, whoever waits.
+
+    ``batch_only``: what the batches still need beside what the cache holds (their
+    ranges, their sidecars and one range asked), the headroom a prefetch leaves free.
+    A partial copy is pinned whole while a reader reads it, with whatever the prefetchers
+    brought into it for later steps, so prefetched ranges can be pinned too: a prefetch
+    must leave this free, or readers could wait on pins alone."""
     import numpy as np
 
     sizes, counts = np.asarray(sizes, np.int64), np.asarray(counts, np.int64)
@@ -121,7 +157,7 @@ def range_working(sizes, counts, side_bytes: int, batch: int, readers: int, kept
         return 0
     stride = int(np.max(np.where(counts > 0, -(-sizes // np.maximum(counts, 1)), 0)))
     per_step = min(batch, shards)
+    ask = min(int(sizes.max()), (batch - per_step + 1) * stride)
     content = min(readers * batch * range_blocks(stride), int(np.sum(-(-sizes // BLOCK) * BLOCK)))
     sidecars = min(shards, readers * (per_step + (0 if batch_only else kept_open))) * int(side_bytes)
-    ask = min(int(sizes.max()), (batch - per_step + 1) * stride)
     return int(content + sidecars + ask)

@@ -36,7 +36,8 @@ import time
 
 import numpy as np
 
-from shardfeed.cache.cost_model import RANGE_MIN_SAMPLE_BYTES, CostModel, expected_working, range_reserve, range_working
+from shardfeed.cache import cost_model as cm
+from shardfeed.cache.cost_model import RANGE_MIN_SAMPLE_BYTES, CostModel, range_reserve, range_working
 from shardfeed.cache.ranges import RangeFetcher, coalesce, spans
 from shardfeed.cache.reads import CachedShards
 from shardfeed.cache.store import ShardRef
@@ -47,7 +48,7 @@ ENABLED: bool | None = {"0": False, "1": True}.get(os.environ.get("SHARDFEED_CAC
 SIDECAR_SHARE = 0.03  # sidecar bytes per shard byte assumed where none was measured (shardfeed plan)
 NEAR_STEPS = 2  # steps (the current one first) a rank's prefetcher brings ahead as ranges
 RANGE_THREADS = 2  # a rank's prefetch threads for sample ranges (small requests: latency-bound)
-RANGED_MAX_OPEN = 64  # partial copies a reader keeps open (pinned) between reads: each holds a few ranges
+RANGED_MAX_OPEN = 64  # whole shards a ranged reader keeps open between reads (its partial copies: none, see finish)
 PLAN_ENTRY_BYTES = 96  # one key's entry in a published lookahead plan (JSON key and step), rounded up
 # a rank's plan file in the budget: its keys (a shard's, and its partial copy's with ranges), twice (the
 # new file is written beside the old one); SharedLookahead.max_bytes keeps it within this
@@ -77,8 +78,9 @@ def use_ranges(index) -> bool:
 class RangePolicy:
     """Whole shard or sample ranges, per miss (see the module docstring); one per process and cache."""
 
-    def __init__(self, cache, total_bytes: int):
+    def __init__(self, cache, total_bytes: int, samples: int = 1):
         self.cache = cache
+        self.samples = max(1, int(samples))
         self.cost = CostModel()
         self.fetcher = RangeFetcher(cache, self.cost, self.observe_sidecar)
         self.total_bytes = total_bytes
@@ -88,6 +90,8 @@ class RangePolicy:
         self.fixed = 0  # bytes eviction cannot free (mirrored index, plans)
         self.expected = 0  # bytes the node's ranges hold on average (cost_model.expected_working)
         self.headroom = 0  # bytes a prefetch leaves free: what the readers' batches may still need
+        self.batch, self.held = 0, 0  # samples a step, batches the node's ranges hold at once (working_set)
+        self.window_bytes = 0  # what a rank's prefetcher may hold for the steps after the readers' next
         self._sized()
 
         self._used = (0.0, 0)
@@ -99,8 +103,16 @@ class RangePolicy:
         seen = list(self._seen_sidecars.values())
         measured = sum(a for a, _ in seen) / max(1, sum(b for _, b in seen)) if seen else 0.0
         self.fits = total * (1 + measured) <= limit * 1.002  # sidecars as measured so far (a budget of exactly all)
-        self.reserve = 0 if self.fits else range_reserve(limit, total, self.sidecar_share, self.expected,
-                                                         self.working, self.fixed)
+        self.reserve = 0 if self.fits else range_reserve(limit, total, self.sidecar_share, self.samples, self.batch,
+                                                         self.held, self.working, self.fixed, self.headroom)
+        self.expected = cm.window_held(limit, total, self.sidecar_share, self.samples, self.batch, self.held,
+                                       self.reserve)
+        # a rank's prefetcher's share of it: the steps it brings beyond the readers' next (clairvoyant.py)
+        self.window_bytes = 0 if self.fits else int(self.expected * (NEAR_STEPS - 1) / max(1, self.held))
+
+    def sample_bytes(self) -> int:
+        """Budget bytes one sample's range holds on average (cost_model.expected_working's unit)."""
+        return int(cm.mean_span(self.total_bytes, self.samples) + cm.BLOCK)
 
     def working_set(self, index, batch: int, readers: int, ranks: int) -> int:
         """Most bytes the node's ranges hold pinned at once (cost_model.range_working), ``readers``
@@ -110,15 +122,14 @@ class RangePolicy:
 
         sizes = np.asarray(index.sizes, np.int64)
         side = int((entry_bytes(index) - sizes).max()) if len(index) else 0
-        need = range_working(sizes, index.counts, side, batch, readers, RANGED_MAX_OPEN)
-        if need > self.working or not self.fixed:  # the metadata walk once, not at every batch
+        need = range_working(sizes, index.counts, side, batch, readers)
+        held = cm.batches_held(ranks, readers, NEAR_STEPS)
+        if need > self.working or not self.fixed or batch > self.batch or held > self.held:  # not every batch
             fixed = self.cache.budget.fixed_bytes(plans=False) + ranks * plan_bytes(len(index), True)
             self.working, self.fixed = max(need, self.working), max(fixed, self.fixed)
-            self.headroom = range_working(sizes, index.counts, side, batch, readers, RANGED_MAX_OPEN, True)
-            # on average: the readers' batches and the prefetchers' windows (NEAR_STEPS a rank)
-            self.expected = max(self.expected, expected_working(
-                self.total_bytes, index.num_samples, len(index), batch * NEAR_STEPS,
-                min(len(index), batch) * NEAR_STEPS, readers, self.sidecar_share))
+            self.headroom = range_working(sizes, index.counts, side, batch, readers, batch_only=True)
+            # on average: the prefetchers' windows (NEAR_STEPS a rank) and the workers' batches
+            self.batch, self.held = max(batch, self.batch), max(held, self.held)
             self._sized()
         return need
 
@@ -136,7 +147,7 @@ class RangePolicy:
         with _mu:
             p = _policies.get(key)
             if p is None or p.cache is not cache:
-                p = _policies[key] = cls(cache, int(np.asarray(index.sizes).sum()))
+                p = _policies[key] = cls(cache, int(np.asarray(index.sizes).sum()), int(index.num_samples))
             return p
 
     def whole_used(self) -> int:
@@ -164,8 +175,9 @@ class RangePolicy:
 
     def slack(self) -> int:
         """The part of the reserve dense reuse may take: never what the readers pin at worst
-        (a whole shard a reader keeps open is pinned: room a waiting reader would need)."""
-        return max(0, self.reserve - self.working - self.fixed)
+        (a whole shard a reader keeps open is pinned: room a waiting reader would need), nor
+        the prefetchers' windows (whole shards there would leave the prefetch no room)."""
+        return max(0, self.reserve - self.working - self.fixed - self.expected)
 
     def admit(self, size: int, pending: int = 0) -> bool:
         return self.used() + pending + size + self.reserve <= self.cache.limit_bytes
@@ -197,6 +209,7 @@ class RangePolicy:
         same free room."""
         import uuid
 
+        from shardfeed.cache.budget import ADMIT
         from shardfeed.cache.locks import FileLock
 
         cache = self.cache
@@ -208,7 +221,7 @@ class RangePolicy:
                 return False
             if os.path.exists(os.path.join(cache.data_dir, key)):
                 return True
-            tmp = os.path.join(cache.data_dir, f"{key}.tmp-admit-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+            tmp = os.path.join(cache.data_dir, f"{key}{ADMIT}{os.getpid()}-{uuid.uuid4().hex[:8]}")
             with open(tmp, "wb") as f:
                 f.truncate(size)
             self._used = (time.monotonic(), used + size)
@@ -229,7 +242,8 @@ class RangePolicy:
 
     def stats(self) -> dict:
         return {**self.fetcher.counters, **self.cost.describe(), "whole_decisions": self.decisions[WHOLE],
-                "range_decisions": self.decisions[RANGES], "reserve_bytes": self.reserve}
+                "range_decisions": self.decisions[RANGES], "reserve_bytes": self.reserve,
+                "window_bytes": self.window_bytes}
 
 
 class RangedShards(CachedShards):
@@ -247,6 +261,8 @@ class RangedShards(CachedShards):
         self.ranks = max(1, int(ranks))  # the node's ranks (each with a prefetcher)
         self._unpunched: list = []  # consumed samples whose punch met a fetch in progress: tried again
         self._partial: set[int] = set()  # shards whose next path_of is their partial copy
+        # (shard) -> None: close the reader's open view of a shard between reads (loader/batcher.py sets it)
+        self.forget_view = None
         self._kind: dict[int, str] = {}  # shard -> what its open view reads (WHOLE / RANGES)
 
     @property
@@ -274,14 +290,22 @@ class RangedShards(CachedShards):
                 continue
             ref = self.ref(s)
             kind = self._kind.get(s)
-            if kind is None and not cache.contains(ref.url, ref.hash, ref.version) and os.path.exists(policy.fetcher.path(ref)):
-                self._partial.add(s)  # a partial copy is here (the prefetcher's, or another rank's): use it
+            if kind == RANGES and self.forget_view is not None and cache.contains(ref.url, ref.hash, ref.version):
+                self.forget_view(s)  # admitted whole since its partial copy was opened: read the whole copy
+                kind = self._kind.get(s)  # None once closed (its pins released)
+            if kind is None and s not in self._partial and os.path.exists(policy.fetcher.path(ref)):
+                if not cache.contains(ref.url, ref.hash, ref.version):
+                    self._partial.add(s)  # a partial copy is here (the prefetcher's, or another rank's): use it
+                else:
+                    policy.cache.budget.remove_unpinned(os.path.basename(policy.fetcher.path(ref)))  # superseded
             if kind == WHOLE or (kind is None and s not in self._partial and cache.contains(ref.url, ref.hash, ref.version)):
                 continue  # path_of holds the whole copy and counts it
             mine = local[shard == s]
             count = int(self.index.counts[s])
-            if kind is None and s not in self._partial and \
+            # a shard not open here may be admitted whole at any read (cache/simulate.py models the same)
+            if kind is None and \
                     policy.choose(ref, len(np.unique(mine)), count, policy.ranges_cost(ref, mine), pending) == WHOLE:
+                self._partial.discard(s)  # its partial copy, if any, is removed once the whole copy is here
                 pending += int(ref.size or 0)
                 continue
             pin = policy.fetcher.pin(ref)
@@ -308,6 +332,11 @@ class RangedShards(CachedShards):
                 pin.release()
         # a punch skipped (a fetch held the copy) would leave consumed blocks pinned in it for good
         self._unpunched = [(r, m) for r, m in self._unpunched if not self._punch(policy, r, m)] + later
+        if self.forget_view is not None:
+            # closed after each read, so never pinned between reads: the worst case counts no kept-open
+            # copy (their sidecars), and the next read sees a shard admitted whole since
+            for s, *_ in token:
+                self.forget_view(s)
 
     @staticmethod
     def _punch(policy, ref, mine) -> bool:

@@ -133,11 +133,11 @@ class RangeFetcher:
         self.cache._add(wait_s=acquire_timed(pin, shared=True))
         return pin
 
-    def table(self, ref, path: str, count: int, headroom: int = 0):
+    def table(self, ref, path: str, count: int, headroom: int = 0, for_step: int | None = None):
         """The partial copy's sidecar table (fetched and checked if not here yet); caller holds the fetch lock."""
         side = path + SIDECAR
         if not os.path.exists(side):
-            self._fetch_sidecar(ref, side, count, headroom)
+            self._fetch_sidecar(ref, side, count, headroom, for_step)
         st = os.stat(side)
         memo = self._tables.get(side)
         if memo is not None and memo[:2] == (st.st_mtime_ns, st.st_size):
@@ -155,12 +155,12 @@ class RangeFetcher:
         self._tables[side] = (st.st_mtime_ns, st.st_size, table)
         return table
 
-    def _fetch_sidecar(self, ref, side: str, count: int, headroom: int = 0) -> None:
+    def _fetch_sidecar(self, ref, side: str, count: int, headroom: int = 0, for_step: int | None = None) -> None:
         opts = self.cache.fetch_options
         src = open_source(ref.url + SIDECAR, self.cache.storage_options, opts.stall_s)
         want = _SIDECAR_BASE + _SIDECAR_PER_SAMPLE * int(count)
         key = os.path.basename(side).split(".", 1)[0]
-        tmp = self.cache.budget.make_room_and_create(key, SIDECAR, want, src.url, headroom=headroom)
+        tmp = self.cache.budget.make_room_and_create(key, SIDECAR, want, src.url, headroom=headroom, for_step=for_step)
         try:
             t0 = time.monotonic()
             data = with_retries(src.url, "reading it", lambda: _read_upto(src, want), opts)
@@ -172,7 +172,8 @@ class RangeFetcher:
                 if size > 64 * want:
                     raise ShardError(src.url, f"sidecar claims {size} bytes for {count} samples (corrupt)")
                 unlink_quiet(tmp)
-                tmp = self.cache.budget.make_room_and_create(key, SIDECAR, size, src.url, headroom=headroom)
+                tmp = self.cache.budget.make_room_and_create(key, SIDECAR, size, src.url, headroom=headroom,
+                                                             for_step=for_step)
                 data = with_retries(src.url, "reading it", lambda: src.read_range(0, size), opts)
                 self._count(sidecar_requests=2)
                 self.cache._add(bytes_fetched=len(data))
@@ -187,10 +188,11 @@ class RangeFetcher:
             unlink_quiet(tmp)
             raise
 
-    def ensure(self, ref, local, count: int, cancel=None, headroom: int = 0) -> tuple[int, int]:
+    def ensure(self, ref, local, count: int, cancel=None, headroom: int = 0,
+               for_step: int | None = None) -> tuple[int, int]:
         """Samples ``local`` of shard ``ref`` (of ``count`` samples) present and checked in its
         partial copy; the caller holds its pin. Returns (samples found there, samples fetched).
-        ``headroom``: bytes every fetch leaves free (budget.NoRoom, not a wait, without room)."""
+        ``headroom``, ``for_step``: a prefetch's terms (Budget.make_room_and_create: NoRoom, not a wait)."""
         path = self.path(ref)
         local = np.unique(np.asarray(local, np.int64))
         if self._all_present(ref, path, local):  # no lock: a fetch of other samples may be running
@@ -199,7 +201,7 @@ class RangeFetcher:
         lock = FileLock(os.path.join(self.cache.lock_dir, os.path.basename(path) + ".fetch"))
         self.cache._add(wait_s=acquire_timed(lock))
         try:
-            table = self.table(ref, path, count, headroom)
+            table = self.table(ref, path, count, headroom, for_step)
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             try:
                 if os.fstat(fd).st_size != ref.size:
@@ -208,7 +210,7 @@ class RangeFetcher:
                 missing = [i for i in local.tolist() if not self._present(fd, table, i)]
                 self._count(samples_present=len(local) - len(missing))
                 if missing:
-                    self._fetch(ref, fd, table, np.asarray(missing, np.int64), cancel, headroom)
+                    self._fetch(ref, fd, table, np.asarray(missing, np.int64), cancel, headroom, for_step)
                     self._count(samples_fetched=len(missing))
             finally:
                 os.close(fd)
@@ -242,7 +244,8 @@ class RangeFetcher:
         buf = os.pread(fd, int(e[0] - s[0]), int(s[0]))
         return len(buf) == e[0] - s[0] and sample_ok(buf, int(s[0]), table, i)
 
-    def _fetch(self, ref, fd: int, table, missing: np.ndarray, cancel, headroom: int = 0) -> None:
+    def _fetch(self, ref, fd: int, table, missing: np.ndarray, cancel, headroom: int = 0,
+               for_step: int | None = None) -> None:
         opts = self.cache.fetch_options
         src = open_source(ref.url, self.cache.storage_options, opts.stall_s)
         start, end = spans(table, missing)
@@ -252,7 +255,8 @@ class RangeFetcher:
                 from shardfeed.cache.fetch import Cancelled
 
                 raise Cancelled(ref.url)
-            tmp = self.cache.budget.make_room_and_create(key, "", b - a, ref.url, headroom=headroom)  # by the lookahead
+            tmp = self.cache.budget.make_room_and_create(key, "", b - a, ref.url, headroom=headroom,
+                                                         for_step=for_step)  # by the lookahead
             try:
                 t0 = time.monotonic()
                 data = with_retries(ref.url, f"reading bytes {a}-{b - 1}", lambda a=a, b=b: src.read_range(a, b),

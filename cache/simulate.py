@@ -33,6 +33,7 @@ from enum import Enum
 
 import numpy as np
 
+from shardfeed.cache.cost_model import mean_span
 from shardfeed.formats.compiler.jit import njit
 
 MAX_ACCESSES = 1 << 27  # runs one simulation may hold (1 GiB of int64): bounds memory and time
@@ -283,45 +284,65 @@ def block_window(sizes, limit_bytes: int, ranks_per_node: int = 1, margin_bytes:
     return w
 
 
-TAR_EDGES = 768  # bytes of a tar sample no range reads: its first header, its last member's padding (mean)
 
 
 @njit
-def _ranged(shards, samples, sizes, span, kept, limit, reserve):
+def _ranged(shards, samples, sizes, span, kept, limit, reserve, floor, window):
     used = 0.0
     resident = np.zeros(sizes.shape[0], np.bool_)
+    seen = np.zeros(sizes.shape[0], np.bool_)  # its sidecar is known: the cost model can price its ranges
     fetched = np.zeros(shards.shape[0], np.float64)
-    for i in range(shards.shape[0]):
+    n = shards.shape[0]
+    for i in range(n):
         s = shards[i]
         if resident[s]:
             continue
-        if used + kept[s] + reserve <= limit:
+        admit = used + kept[s] + reserve <= limit
+        if not admit and seen[s] and used + kept[s] + floor <= limit:
+            # into the reserve's part beyond the worst case when two or more of its samples
+            # are read soon: one request for the shard is then cheaper than theirs
+            k, r, j = 0.0, 0.0, i
+            while j < n and r < window:
+                if shards[j] == s:
+                    k += samples[j]
+                r += samples[j]
+                j += 1
+            admit = k >= 2
+        if admit:
             resident[s] = True
             used += kept[s]
             fetched[i] = sizes[s]
         else:
+            seen[s] = True
             fetched[i] = samples[i] * span[s]
     return fetched
 
 
 def simulate_ranged(sizes, counts, accesses, limit_bytes: int, reserve_bytes: int, sidecar_share: float = 0.0,
-                    span_bytes=None) -> np.ndarray:
+                    span_bytes=None, floor_bytes: int | None = None, window: int = 0) -> np.ndarray:
     """Bytes of shards and sample ranges fetched in each epoch of ``accesses`` by the
     cache's policy for the global order (module docstring): a shard admitted whole
     costs its size once and keeps ``size * (1 + sidecar_share)`` of the budget;
     any other read costs its sample's range, ``span_bytes[s]`` (default: the mean
     sample of the shard less the tar bytes no range reads). Sidecar bytes fetched
-    are not counted (metadata)."""
+    are not counted (metadata).
+
+    A shard is admitted while the whole shards leave ``reserve_bytes`` free; or, as
+    RangePolicy.choose, while they leave ``floor_bytes`` (the worst case of the pins,
+    at most the reserve) when it was read as ranges before and two or more of its
+    samples are read within the next ``window`` reads (the prefetch window: the whole
+    shard then costs one request, its ranges one each)."""
     sizes = np.asarray(sizes, np.float64)
     counts = np.maximum(np.asarray(counts, np.float64), 1)
     if not isinstance(accesses, Accesses):
         accesses = Accesses.of(accesses)
     if span_bytes is None:
-        mean = sizes / counts
-        span_bytes = np.maximum(mean - TAR_EDGES, mean / 2)
+        span_bytes = np.array([mean_span(a, n) for a, n in zip(sizes, counts)], np.float64)
     kept = sizes * (1 + float(sidecar_share))
+    floor = float(reserve_bytes if floor_bytes is None else min(floor_bytes, reserve_bytes))
     fetched = _ranged(accesses.shards, accesses.samples.astype(np.float64), sizes,
-                      np.asarray(span_bytes, np.float64), kept, float(limit_bytes), float(reserve_bytes))
+                      np.asarray(span_bytes, np.float64), kept, float(limit_bytes), float(reserve_bytes), floor,
+                      float(window))
     return np.array([int(fetched[a:b].sum()) for a, b in zip(accesses.bounds[:-1], accesses.bounds[1:])], np.int64)
 
 

@@ -59,9 +59,11 @@ class BatchMaker:
             if getattr(cached, "ranged", False):
                 from shardfeed.cache.ranged_reads import RANGED_MAX_OPEN
 
-                max_open = max(max_open, RANGED_MAX_OPEN)  # a partial copy pinned open holds a few ranges only
+                max_open = max(max_open, RANGED_MAX_OPEN)  # whole shards: partial copies close after each read
             extra = dict(path_of=cached.path_of, release=cached.release, max_open=max_open)
         self.reader = BatchReader(index, verify=True, skip=self.policy.skip, read_mode=read_mode, **extra)
+        if hasattr(cached, "forget_view"):  # a partial copy admitted whole since: reopened as the whole copy
+            cached.forget_view = self.reader.shards.forget
         self.decode = decode
         self.transform = transform
         self.transform_takes_size = transform is not None and _accepts(transform, "image_size")

@@ -138,6 +138,9 @@ class LoaderCache:
 
                 self.policy = RangePolicy.of(self.spec.open(), self.ds.index)
                 self._check_ranged_budget()
+                # partial copies hold a sidecar and a few blocks each: the cache holds many more shards than
+                # whole ones, and a copy left out of the plan is evicted first (its sidecar fetched again)
+                self.plan_len = int(min(len(self.ds.index), LOOKAHEAD_SHARDS))
                 self.spec.open().lookahead.max_bytes = plan_bytes(len(self.ds.index), True)  # as counted
                 self.prefetcher = SamplePrefetcher(self.spec.open(), self._plan_samples, self.policy,
                                                    RANGE_THREADS)

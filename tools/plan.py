@@ -6,10 +6,12 @@ several nodes) the bytes one node fetches per epoch through a whole-shard
 cache of --cache-limit bytes, for Belady (clairvoyant: the cache follows the
 plan's lookahead) and LRU, and for the global order what shardfeed's cache
 does ("shardfeed": whole shards while they fit, the samples' byte ranges for
-the rest). The plan is pure, so this replays the node's exact sequence
-(cache.simulate); it is exact for the model (a node's ranks stepping
-together; sample ranges priced at the shard's mean sample), not a guess.
-DATASET may be a URL: its index is mirrored into --cache-dir (no shard is read).
+the rest, with the room it keeps for the ranges of every reader of the node:
+--ranks-per-node x --num-workers). The plan is pure, so this replays the
+node's exact sequence (cache.simulate); it is exact for the model (a node's
+ranks stepping together; sample ranges priced at the shard's mean sample),
+not a guess. DATASET may be a URL: its index is mirrored into --cache-dir and
+one sidecar's size is asked (no shard is read).
 Exit codes: 0 shown; 2 the dataset could not be opened or an option is invalid.
 """
 
@@ -37,6 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ranks-per-node", type=int, default=None, metavar="K",
                    help="ranks sharing one node's cache (default: all ranks on one node)")
     p.add_argument("--batch-size", type=int, default=32, metavar="B", help="per-rank batch size")
+    p.add_argument("--num-workers", type=int, default=0, metavar="W",
+                   help="the Loader's num_workers on each rank (each worker reads its own batches)")
     p.add_argument("--epochs", type=int, default=2, metavar="E", help="epochs simulated (the cache carries over)")
     p.add_argument("--seed", type=int, default=0, help="shuffle seed")
     p.add_argument("--node", type=int, default=0, help="which node to simulate")
@@ -45,7 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 # argument bounds: past these the simulation would run for hours or overflow int64 sizes
 BOUNDS = {"cache_limit": (1, 1 << 60), "world_size": (1, 1 << 16), "batch_size": (1, 1 << 24),
-          "epochs": (1, 100), "seed": (0, (1 << 63) - 1), "node": (0, 1 << 16)}
+          "epochs": (1, 100), "seed": (0, (1 << 63) - 1), "node": (0, 1 << 16), "num_workers": (0, 1024)}
 
 
 def _check(args) -> str | None:
@@ -86,28 +90,46 @@ def orders(sizes, limit: int, rpn: int, nodes: int) -> list[tuple[str, dict, str
     return rows
 
 
-def ranged_epochs(counts, sizes, acc, limit: int, rpn: int, batch_size: int, sidecar_share: float) -> list[int]:
-    """Bytes per epoch of shardfeed's cache on the global order's accesses ``acc`` (cache.simulate)."""
-    from shardfeed.cache.cost_model import expected_working, range_reserve, range_working
-    from shardfeed.cache.ranged_reads import NEAR_STEPS, RANGED_MAX_OPEN
-    from shardfeed.cache.simulate import simulate_ranged
+def ranged_reserve(counts, sizes, limit: int, rpn: int, batch_size: int, sidecar_share: float, workers: int = 0,
+                   side_bytes: int | None = None, fixed_bytes: int | None = None, floor: bool = False):
+    """The room shardfeed's cache keeps for sample ranges (RangePolicy's reserve, the same
+    functions): ``rpn`` ranks, each with ``workers`` readers (num_workers; 0: one);
+    ``floor``: (reserve, the worst case of the pins, the metadata and the prefetch windows,
+    which the cost model's whole shards may take the rest of)."""
+    from shardfeed.cache.cost_model import batches_held, range_reserve, range_working, window_held
+    from shardfeed.cache.ranged_reads import NEAR_STEPS, plan_bytes
 
     total, samples = int(np.sum(sizes)), int(np.sum(counts))
-    reserve = 0
-    if total * (1 + sidecar_share) > limit * 1.002:  # as RangePolicy: the data does not fit
-        # as RangePolicy.working_set, for one reader a rank (a Loader with num_workers=0)
-        per_step = min(batch_size, len(sizes))
-        expected = expected_working(total, samples, len(sizes), batch_size * NEAR_STEPS, per_step * NEAR_STEPS, rpn,
-                                    sidecar_share)
-        side = int(sidecar_share * int(np.max(sizes)))
-        worst = range_working(sizes, counts, side, batch_size, rpn, RANGED_MAX_OPEN)
-        reserve = range_reserve(limit, total, sidecar_share, expected, worst)
-    return simulate_ranged(sizes, counts, acc, limit, reserve, sidecar_share).tolist()
+    if total * (1 + sidecar_share) <= limit * 1.002:  # as RangePolicy: the data fits
+        return (0, 0) if floor else 0
+    readers = rpn * max(1, int(workers))  # every reader of the node pins its own batch
+    side = int(sidecar_share * int(np.max(sizes))) if side_bytes is None else int(side_bytes)
+    worst = range_working(sizes, counts, side, batch_size, readers)
+    fixed = rpn * plan_bytes(len(sizes), True) + (0 if fixed_bytes is None else int(fixed_bytes))
+    headroom = range_working(sizes, counts, side, batch_size, readers, batch_only=True)
+    held = batches_held(rpn, readers, NEAR_STEPS)
+    reserve = range_reserve(limit, total, sidecar_share, samples, batch_size, held, worst, fixed, headroom)
+    windows = window_held(limit, total, sidecar_share, samples, batch_size, held, reserve)
+    return (reserve, worst + fixed + windows) if floor else reserve
+
+
+def ranged_epochs(counts, sizes, acc, limit: int, rpn: int, batch_size: int, sidecar_share: float,
+                  **reserve_options) -> list[int]:
+    """Bytes per epoch of shardfeed's cache on the global order's accesses ``acc`` (cache.simulate)."""
+    from shardfeed.cache.ranged_reads import NEAR_STEPS
+    from shardfeed.cache.simulate import simulate_ranged
+
+    reserve, floor = ranged_reserve(counts, sizes, limit, rpn, batch_size, sidecar_share, floor=True,
+                                    **reserve_options)
+    return simulate_ranged(sizes, counts, acc, limit, reserve, sidecar_share, floor_bytes=floor,
+                           window=NEAR_STEPS * batch_size * rpn).tolist()
 
 
 def simulate_orders(counts, sizes, limit: int, world_size: int, rpn: int, batch_size: int, epochs: int,
-                    seed: int = 0, node: int = 0, progress: bool = False, sidecar_share: float = 0.03) -> list[dict]:
-    """One dict per (order, policy): bytes fetched by ``node`` in each epoch."""
+                    seed: int = 0, node: int = 0, progress: bool = False, sidecar_share: float = 0.03,
+                    **reserve_options) -> list[dict]:
+    """One dict per (order, policy): bytes fetched by ``node`` in each epoch
+    (``reserve_options``: ``ranged_reserve``'s workers, side_bytes, fixed_bytes)."""
     from shardfeed.cache.simulate import Policy, plan_accesses, simulate
     from shardfeed.shuffling.spec import Job, PlanSpec
 
@@ -131,7 +153,8 @@ def simulate_orders(counts, sizes, limit: int, world_size: int, rpn: int, batch_
                     out.append(dict(base, policy=p.value, epochs=simulate(sizes, acc, limit, p).tolist()))
                 if order == "global" and not base["locality"]:
                     out.append(dict(base, policy="shardfeed",
-                                    epochs=ranged_epochs(counts, sizes, acc, limit, rpn, batch_size, sidecar_share)))
+                                    epochs=ranged_epochs(counts, sizes, acc, limit, rpn, batch_size, sidecar_share,
+                                                         **reserve_options)))
             except ValueError as e:  # a sequence too long to simulate exactly
                 out.extend(dict(base, policy=p.value, epochs=None, note=str(e)) for p in Policy)
         if bar is not None:
@@ -142,21 +165,32 @@ def simulate_orders(counts, sizes, limit: int, world_size: int, rpn: int, batch_
 
 
 def _open(args):
-    """(index, sidecar bytes per shard byte) of DATASET: a URL's index mirrored, its sidecars
-    not read (the share is then the usual 3%); a local one's sidecars measured."""
+    """(index, sidecar bytes per shard byte, bytes of mirrored metadata) of DATASET: a URL's
+    index mirrored (what the cache holds beside the shards) and one sidecar's size asked (one
+    HEAD; the usual 3% when it cannot be had); a local one's sidecars measured."""
     import os
     import tempfile
 
     from shardfeed.cache.ranged_reads import SIDECAR_SHARE
-    from shardfeed.cache.sources import scheme_of
-    from shardfeed.formats import open_index
+    from shardfeed.cache.sources import open_source, scheme_of
+    from shardfeed.formats import ShardError, open_index
 
     src = str(args.dataset)
     if scheme_of(src) not in ("", "file"):
         from shardfeed.cache.remote_index import open_remote_index
 
         folder = args.cache_dir or tempfile.mkdtemp(prefix="shardfeed-plan-")
-        return open_remote_index(src, folder, limit_bytes=1 << 40), SIDECAR_SHARE
+        index = open_remote_index(src, folder, limit_bytes=1 << 40)
+        share = SIDECAR_SHARE
+        if len(index) and index.formats[0].startswith("tar") and int(index.sizes[0]) > 0:
+            try:
+                share = open_source(index.path(0) + ".idx", stall_s=30.0).size() / int(index.sizes[0])
+            except (OSError, ShardError, ValueError):
+                pass  # no sidecar to measure: the usual share
+        meta = 0
+        for dirpath, _, files in os.walk(os.path.join(folder, "datasets")):
+            meta += sum(os.path.getsize(os.path.join(dirpath, n)) for n in files if ".tmp-" not in n)
+        return index, share, meta
     index = open_index(src)
     side = 0
     for i in range(len(index)):
@@ -164,7 +198,14 @@ def _open(args):
             side += os.path.getsize(index.path(i) + ".idx")
         except OSError:
             pass
-    return index, side / max(1, int(index.sizes.sum()))
+    return index, side / max(1, int(index.sizes.sum())), 0
+
+
+def _side_bytes(index) -> int:
+    """The largest sidecar the cache assumes a shard has (the start check's estimate)."""
+    from shardfeed.cache.reads import entry_bytes
+
+    return int((entry_bytes(index) - np.asarray(index.sizes, np.int64)).max()) if len(index) else 0
 
 
 def _cell(b: float, dataset: int, share: float) -> str:
@@ -179,7 +220,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"shardfeed plan: {err}", file=sys.stderr)
         return 2
     try:
-        index, sidecar_share = _open(args)
+        index, sidecar_share, meta = _open(args)
     except (ShardError, ValueError) as e:
         print(f"shardfeed plan: cannot open {args.dataset}: {e}", file=sys.stderr)
         return 2
@@ -193,11 +234,13 @@ def main(args: argparse.Namespace) -> int:
     share = total / nodes
     t0 = time.monotonic()
     rows = simulate_orders(counts, sizes, args.cache_limit, args.world_size, rpn, args.batch_size, args.epochs,
-                           args.seed, args.node, progress=show_progress(args.json), sidecar_share=sidecar_share)
+                           args.seed, args.node, progress=show_progress(args.json), sidecar_share=sidecar_share,
+                           workers=args.num_workers, side_bytes=_side_bytes(index), fixed_bytes=meta)
     took = time.monotonic() - t0
     head = {"dataset": args.dataset, "shards": len(index), "samples": int(counts.sum()), "dataset_bytes": total,
             "cache_limit": args.cache_limit, "world_size": args.world_size, "ranks_per_node": rpn,
             "nodes": nodes, "node": args.node, "batch_size": args.batch_size, "epochs": args.epochs,
+            "num_workers": args.num_workers, "sidecar_share": round(sidecar_share, 5), "metadata_bytes": meta,
             "node_share_bytes": share}
     if args.json:
         print(json.dumps(dict(head, rows=rows)))
@@ -205,7 +248,8 @@ def main(args: argparse.Namespace) -> int:
     print(f"{args.dataset}: {plural(len(index), 'shard')}, {plural(int(counts.sum()), 'sample')}, "
           f"{human_bytes(total)}; cache {human_bytes(args.cache_limit)} per node "
           f"({args.cache_limit / total:.0%} of the dataset); {plural(args.world_size, 'rank')}, "
-          f"{plural(nodes, 'node')} of {rpn}, batch {args.batch_size} per rank")
+          f"{plural(nodes, 'node')} of {rpn}, batch {args.batch_size} per rank"
+          + (f", {plural(args.num_workers, 'worker')} each" if args.num_workers else ""))
     later = "later epochs (mean)" if args.epochs > 1 else ""
     print(f"bytes fetched by node {args.node} per epoch (x dataset, x the node's share = dataset / nodes):")
     print()
