@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -48,13 +47,28 @@ END = "end"
 _MAX_ENTRY = 1 << 16  # bytes of one entry read at most (entries are tiny; a huge one is damage)
 
 
-@dataclass(frozen=True)
 class LogView:
     """Commits after ``after``: published shards (seq, info) in commit order and the end's seq (or None)."""
 
-    shards: list
-    end: int | None
-    fields: tuple = ()  # field names the shards' commits record, first seen first
+    # a plain class with a frozen dataclass's __eq__/__hash__/__repr__ written out: a dataclass compiles
+    # its methods at import (issue #24); not frozen: nothing assigns to a LogView
+    __slots__ = ("shards", "end", "fields")
+
+    def __init__(self, shards: list, end: int | None, fields: tuple = ()):
+        self.shards = shards
+        self.end = end
+        self.fields = fields  # field names the shards' commits record, first seen first
+
+    def __repr__(self) -> str:
+        return f"LogView(shards={self.shards!r}, end={self.end!r}, fields={self.fields!r})"
+
+    def __eq__(self, other):
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (self.shards, self.end, self.fields) == (other.shards, other.end, other.fields)
+
+    def __hash__(self) -> int:
+        return hash((self.shards, self.end, self.fields))
 
     @property
     def last_seq(self) -> int | None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 
 import numpy as np
 import xxhash
@@ -141,7 +140,6 @@ _NUMPY_OF = {t: np.dtype(t) for t in ("int8", "int16", "int32", "int64", "uint8"
 _NUMPY_OF.update({"float": np.dtype("float32"), "double": np.dtype("float64")})
 
 
-@dataclass
 class SampleTable:
     """Samples of one tar shard, as flat arrays.
 
@@ -150,14 +148,31 @@ class SampleTable:
     of the (decompressed) tar stream.
     """
 
-    keys: list[str] | Keys  # a Keys (one blob, decoded on demand) when read from a sidecar
-    member_start: np.ndarray  # int64, len = samples + 1
-    offset: np.ndarray  # int64, len = members
-    size: np.ndarray  # int64
-    member_field: np.ndarray  # int16 (from a sidecar) or int32 (scanned)
-    fields: list[str]
-    checksum: np.ndarray  # uint64, len = samples
-    shard_bytes: int = -1
+    # a plain class with a dataclass's __eq__/__repr__ written out (unhashable, as a dataclass):
+    # a dataclass compiles its methods at import (issue #24)
+    __slots__ = ("keys", "member_start", "offset", "size", "member_field", "fields", "checksum", "shard_bytes")
+    __hash__ = None
+
+    def __init__(self, keys: list[str] | Keys, member_start: np.ndarray, offset: np.ndarray, size: np.ndarray,
+                 member_field: np.ndarray, fields: list[str], checksum: np.ndarray, shard_bytes: int = -1):
+        self.keys = keys  # a Keys (one blob, decoded on demand) when read from a sidecar
+        self.member_start = member_start  # int64, len = samples + 1
+        self.offset = offset  # int64, len = members
+        self.size = size  # int64
+        self.member_field = member_field  # int16 (from a sidecar) or int32 (scanned)
+        self.fields = fields
+        self.checksum = checksum  # uint64, len = samples
+        self.shard_bytes = shard_bytes
+
+    def _fields(self) -> tuple:
+        return (self.keys, self.member_start, self.offset, self.size, self.member_field, self.fields,
+                self.checksum, self.shard_bytes)
+
+    def __repr__(self) -> str:
+        return "SampleTable(" + ", ".join(f"{k}={v!r}" for k, v in zip(self.__slots__, self._fields())) + ")"
+
+    def __eq__(self, other):
+        return self._fields() == other._fields() if other.__class__ is self.__class__ else NotImplemented
 
     def __len__(self) -> int:
         return len(self.keys)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import glob
 import os
 import re
-from dataclasses import dataclass
 
 from shardfeed.formats.errors import ShardError
 
@@ -35,13 +34,16 @@ _CHAR_RANGE = re.compile(r"^([A-Za-z])\.\.([A-Za-z])(?:\.\.(-?\d+))?$")
 _MAX_RANGE_TEXT = 64  # a range's text is short: longer groups are never tested against the regexes
 
 
-@dataclass(frozen=True)
 class _Range:
-    start: int
-    stop: int  # inclusive
-    step: int  # signed, never 0
-    width: int  # zero padding; 0 for none
-    letters: bool
+    # plain classes, not dataclasses: building a dataclass compiles its methods at import (issue #24)
+    __slots__ = ("start", "stop", "step", "width", "letters")
+
+    def __init__(self, start: int, stop: int, step: int, width: int, letters: bool):
+        self.start = start
+        self.stop = stop  # inclusive
+        self.step = step  # signed, never 0
+        self.width = width  # zero padding; 0 for none
+        self.letters = letters
 
     @property
     def count(self) -> int:  # not __len__: a range may count past sys.maxsize before it is refused
@@ -54,9 +56,11 @@ class _Range:
         return [f"{v:0{self.width}d}" for v in vals]
 
 
-@dataclass(frozen=True)
 class _Alt:
-    options: tuple  # of part lists
+    __slots__ = ("options",)
+
+    def __init__(self, options: tuple):
+        self.options = options  # of part lists
 
 
 def is_pattern(text: str) -> bool:
@@ -181,11 +185,16 @@ def _is_shard(path: str) -> bool:
     return path.endswith(SHARD_SUFFIXES) and not os.path.basename(path).startswith(".")
 
 
-@dataclass(frozen=True)
 class ShardPath:
-    path: str
-    explicit: bool  # named outright (a list entry or a brace name), not found by a glob
-    named_by: str = ""  # the list entry or pattern it came from, for error messages
+    __slots__ = ("path", "explicit", "named_by")
+
+    def __init__(self, path: str, explicit: bool, named_by: str = ""):
+        self.path = path
+        self.explicit = explicit  # named outright (a list entry or a brace name), not found by a glob
+        self.named_by = named_by  # the list entry or pattern it came from, for error messages
+
+    def __repr__(self) -> str:
+        return f"ShardPath(path={self.path!r}, explicit={self.explicit!r}, named_by={self.named_by!r})"
 
 
 def expand_source(source, limit: int = MAX_NAMES) -> list[ShardPath]:

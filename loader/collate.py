@@ -25,7 +25,6 @@ user as a list of 1-D tensors.
 from __future__ import annotations
 
 import numbers
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -45,14 +44,27 @@ _SLICE_WHOLE_BYTES = 16 << 10  # mean item size up to which to_list copies the i
 _ITEM_MIN_BYTES = 256  # equal-sized values from this size on are taken one by one, not compacted first
 
 
-@dataclass
 class Blob:
     """Per-sample byte strings inside one buffer; size -1 means None (field absent)."""
 
-    buf: np.ndarray  # uint8
-    starts: np.ndarray  # int64
-    sizes: np.ndarray  # int64
-    text: bool = False
+    # Blob and Strs are plain classes with the methods a dataclass would make (same __eq__, __repr__,
+    # unhashable), written out: a dataclass compiles its methods at import (issue #24)
+    __slots__ = ("buf", "starts", "sizes", "text")
+    __hash__ = None
+
+    def __init__(self, buf: np.ndarray, starts: np.ndarray, sizes: np.ndarray, text: bool = False):
+        self.buf = buf  # uint8
+        self.starts = starts  # int64
+        self.sizes = sizes  # int64
+        self.text = text
+
+    def __repr__(self) -> str:
+        return f"Blob(buf={self.buf!r}, starts={self.starts!r}, sizes={self.sizes!r}, text={self.text!r})"
+
+    def __eq__(self, other):
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (self.buf, self.starts, self.sizes, self.text) == (other.buf, other.starts, other.sizes, other.text)
 
     def __len__(self) -> int:
         return len(self.starts)
@@ -163,12 +175,23 @@ def owned(arr: np.ndarray) -> OwnedArray:
     return arr.view(OwnedArray)
 
 
-@dataclass
 class Strs:
     """``count`` strings, none holding a NUL, as UTF-8 joined by NUL."""
 
-    data: bytes
-    count: int
+    __slots__ = ("data", "count")
+    __hash__ = None
+
+    def __init__(self, data: bytes, count: int):
+        self.data = data
+        self.count = count
+
+    def __repr__(self) -> str:
+        return f"Strs(data={self.data!r}, count={self.count!r})"
+
+    def __eq__(self, other):
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (self.data, self.count) == (other.data, other.count)
 
     def __len__(self) -> int:
         return self.count

@@ -21,44 +21,66 @@ life. ``LoaderStats.snapshot()`` returns a ``StatsSnapshot``:
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+
+# what one span of reading (an epoch, or the Loader's life) adds up to: each counter and its zero
+_ZEROS = {
+    "samples": 0,
+    "batches": 0,
+    "wait_s": 0.0,  # time the consumer spent inside next(): the data stall
+    "read_s": 0.0,  # summed over workers
+    "decode_s": 0.0,
+    "collate_s": 0.0,
+    "transfer_s": 0.0,  # main process: rebuilding batches from shared memory
+    "bytes_read": 0,
+    "errors_skipped": 0,
+    "elapsed_s": 0.0,  # time inside iteration, the consumer's own work included
+    # node-local cache (datasets read through shardfeed.cache; summed over workers and the prefetcher)
+    "cache_hits": 0,  # shards a reader found cached when it opened them
+    "cache_misses": 0,  # shards a reader had to wait for
+    "bytes_fetched": 0,  # from the source, by readers and the prefetcher
+    "fetch_wait_s": 0.0,  # readers' time waiting for shards (summed over workers)
+    "evictions": 0,
+    "requests": 0,  # to the source (ranged GETs, HEADs, index and log revalidations)
+    "late_samples": 0,  # sample ranges readers fetched themselves: the prefetcher had not brought them
+    # the prefetcher's (cache/fetch.py PREFETCH_COUNTERS): samples and whole shards it brought, shards of its
+    # window already there, given up for room (NoRoom), passed by the readers before it started, failed
+    "prefetch_samples": 0,
+    "prefetch_shards": 0,
+    "prefetch_present": 0,
+    "prefetch_skipped": 0,
+    "prefetch_passed": 0,
+    "prefetch_errors": 0,
+}
 
 
-@dataclass
 class Counters:
     """What one span of reading (an epoch, or the Loader's life) adds up to."""
 
-    samples: int = 0
-    batches: int = 0
-    wait_s: float = 0.0  # time the consumer spent inside next(): the data stall
-    read_s: float = 0.0  # summed over workers
-    decode_s: float = 0.0
-    collate_s: float = 0.0
-    transfer_s: float = 0.0  # main process: rebuilding batches from shared memory
-    bytes_read: int = 0
-    errors_skipped: int = 0
-    elapsed_s: float = 0.0  # time inside iteration, the consumer's own work included
-    # node-local cache (datasets read through shardfeed.cache; summed over workers and the prefetcher)
-    cache_hits: int = 0  # shards a reader found cached when it opened them
-    cache_misses: int = 0  # shards a reader had to wait for
-    bytes_fetched: int = 0  # from the source, by readers and the prefetcher
-    fetch_wait_s: float = 0.0  # readers' time waiting for shards (summed over workers)
-    evictions: int = 0
-    requests: int = 0  # to the source (ranged GETs, HEADs, index and log revalidations)
-    late_samples: int = 0  # sample ranges readers fetched themselves: the prefetcher had not brought them
-    # the prefetcher's (cache/fetch.py PREFETCH_COUNTERS): samples and whole shards it brought, shards of its
-    # window already there, given up for room (NoRoom), passed by the readers before it started, failed
-    prefetch_samples: int = 0
-    prefetch_shards: int = 0
-    prefetch_present: int = 0
-    prefetch_skipped: int = 0
-    prefetch_passed: int = 0
-    prefetch_errors: int = 0
+    # a plain class, not a dataclass (a dataclass compiles its methods at import, issue #24): counters
+    # are given by keyword only; __eq__/__repr__ as a dataclass's, unhashable as one
+    __slots__ = tuple(_ZEROS)
+    __hash__ = None
+
+    def __init__(self, **values):
+        unknown = values.keys() - _ZEROS.keys()
+        if unknown:
+            raise TypeError(f"Counters has no counter {sorted(unknown)[0]!r}")
+        for k, zero in _ZEROS.items():
+            setattr(self, k, values.get(k, zero))
+
+    def _values(self) -> dict:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+    def __repr__(self) -> str:
+        return "Counters(" + ", ".join(f"{k}={v!r}" for k, v in self._values().items()) + ")"
+
+    def __eq__(self, other):
+        return self._values() == other._values() if other.__class__ is self.__class__ else NotImplemented
 
     def view(self, running_s: float = 0.0) -> dict:
         """The counters plus the rates derived from them; ``running_s`` is the
         time of an iteration still in progress, not yet added to elapsed_s."""
-        out = asdict(self)
+        out = self._values()
         elapsed = self.elapsed_s + running_s
         out["elapsed_s"] = elapsed
         out["samples_per_s"] = self.samples / elapsed if elapsed > 0 else 0.0

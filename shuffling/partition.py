@@ -23,17 +23,32 @@ Two layouts of V' over ranks:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 
-@dataclass(frozen=True)
 class Deal:
-    length: int
-    weights: tuple[int, ...]
-    drop_last: bool
-    strided: bool
+    # a plain class with a frozen dataclass's __eq__/__hash__/__repr__ written out: a dataclass compiles
+    # its methods at import (issue #24); not frozen: nothing assigns to a Deal
+    __slots__ = ("length", "weights", "drop_last", "strided")
+
+    def __init__(self, length: int, weights: tuple[int, ...], drop_last: bool, strided: bool):
+        self.length = length
+        self.weights = weights
+        self.drop_last = drop_last
+        self.strided = strided
+
+    def _fields(self) -> tuple:
+        return self.length, self.weights, self.drop_last, self.strided
+
+    def __repr__(self) -> str:
+        return (f"Deal(length={self.length!r}, weights={self.weights!r}, drop_last={self.drop_last!r}, "
+                f"strided={self.strided!r})")
+
+    def __eq__(self, other):
+        return self._fields() == other._fields() if other.__class__ is self.__class__ else NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
 
     @property
     def world_size(self) -> int:

@@ -29,7 +29,6 @@ from shardfeed.shuffling.topology import Topology
 MAX_BATCH_SIZE = (1 << 31) - 1
 
 
-@dataclass(frozen=True)
 class Job:
     """World size and batch sizes of one job.
 
@@ -38,11 +37,14 @@ class Job:
     sizes deal exactly like no weights.
     """
 
-    world_size: int
-    batch_sizes: tuple[int, ...] | None = None
-    ranks_per_node: int | None = None
+    # a plain class with the frozen dataclass's __eq__/__hash__/__repr__ written out: a dataclass compiles
+    # its methods at import (issue #24); not frozen: nothing assigns to a Job
+    __slots__ = ("world_size", "batch_sizes", "ranks_per_node")
 
-    def __post_init__(self):
+    def __init__(self, world_size: int, batch_sizes: tuple[int, ...] | None = None, ranks_per_node: int | None = None):
+        self.world_size = world_size
+        self.batch_sizes = batch_sizes
+        self.ranks_per_node = ranks_per_node
         if isinstance(self.world_size, bool) or not isinstance(self.world_size, int) or self.world_size < 1:
             raise ValueError(f"Job.world_size={self.world_size!r} must be an int >= 1")
         if self.batch_sizes is not None:
@@ -53,11 +55,23 @@ class Job:
             for r, b in enumerate(sizes):
                 if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or not 1 <= b <= MAX_BATCH_SIZE:
                     raise ValueError(f"Job.batch_sizes[{r}]={b!r} must be an int in [1, {MAX_BATCH_SIZE}]")
-            object.__setattr__(self, "batch_sizes", tuple(int(b) for b in sizes))
+            self.batch_sizes = tuple(int(b) for b in sizes)
         rpn = self.ranks_per_node
         if rpn is not None and not 1 <= rpn <= self.world_size:
             # a node cannot hold more ranks than the job has (a smaller job after a resize)
-            object.__setattr__(self, "ranks_per_node", None)
+            self.ranks_per_node = None
+
+    def __repr__(self) -> str:
+        return f"Job(world_size={self.world_size!r}, batch_sizes={self.batch_sizes!r}, ranks_per_node={self.ranks_per_node!r})"
+
+    def __eq__(self, other):
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (self.world_size, self.batch_sizes, self.ranks_per_node) == \
+            (other.world_size, other.batch_sizes, other.ranks_per_node)
+
+    def __hash__(self) -> int:
+        return hash((self.world_size, self.batch_sizes, self.ranks_per_node))
 
     @property
     def weights(self) -> tuple[int, ...] | None:

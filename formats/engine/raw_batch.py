@@ -4,8 +4,6 @@ arrays per field (RawBatch), and the buffers the reads gather into.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 
 from shardfeed.formats.errors import ReadError
@@ -25,7 +23,6 @@ def _arange(n: int) -> np.ndarray:
     return _ARANGE[:n]
 
 
-@dataclass
 class RawBatch:
     """Undecoded samples of one batch, in the order asked for (minus skips).
 
@@ -39,14 +36,33 @@ class RawBatch:
     ``keys`` (a worker passes the blob on without ever building the list).
     """
 
-    ids: np.ndarray
-    key_list: list | None
-    buf: np.ndarray
-    fields: dict
-    shards: np.ndarray  # shard of each sample, for error messages
-    errors: list[ReadError] = field(default_factory=list)  # samples and shards left out (skip mode)
-    bytes_read: int = 0
-    key_blob: bytes | None = None
+    # a plain class with a dataclass's __eq__/__repr__ written out (unhashable, as a dataclass):
+    # a dataclass compiles its methods at import (issue #24)
+    __slots__ = ("ids", "key_list", "buf", "fields", "shards", "errors", "bytes_read", "key_blob")
+    __hash__ = None
+
+    def __init__(self, ids: np.ndarray, key_list: list | None, buf: np.ndarray, fields: dict, shards: np.ndarray,
+                 errors: list[ReadError] | None = None, bytes_read: int = 0, key_blob: bytes | None = None):
+        self.ids = ids
+        self.key_list = key_list
+        self.buf = buf
+        self.fields = fields
+        self.shards = shards  # shard of each sample, for error messages
+        self.errors = [] if errors is None else errors  # samples and shards left out (skip mode)
+        self.bytes_read = bytes_read
+        self.key_blob = key_blob
+
+    def _fields(self) -> tuple:
+        return (self.ids, self.key_list, self.buf, self.fields, self.shards, self.errors, self.bytes_read,
+                self.key_blob)
+
+    def __repr__(self) -> str:
+        return (f"RawBatch(ids={self.ids!r}, key_list={self.key_list!r}, buf={self.buf!r}, fields={self.fields!r}, "
+                f"shards={self.shards!r}, errors={self.errors!r}, bytes_read={self.bytes_read!r}, "
+                f"key_blob={self.key_blob!r})")
+
+    def __eq__(self, other):
+        return self._fields() == other._fields() if other.__class__ is self.__class__ else NotImplemented
 
     @property
     def keys(self) -> list:
