@@ -159,11 +159,11 @@ class LoaderCache:
 
     def _ranged(self) -> bool:
         """Misses may be fetched as sample ranges: plain tar shards with sidecars, an
-        epoch feed (whose plan says which samples come next), a budget below the data."""
+        epoch feed (whose plan says which samples come next, feed.near), a budget below the data."""
         from shardfeed.cache.ranged_reads import rangeable, use_ranges
 
         index = self.ds.index
-        return bool(use_ranges(index) and self.ds.order.value == "global" and hasattr(self.feed, "plan")
+        return bool(use_ranges(index) and self.ds.order.value == "global" and hasattr(self.feed, "near")
                     and hasattr(self.feed, "batch_size") and len(index)
                     and all(rangeable(index, i) for i in range(len(index))))
 
@@ -189,26 +189,26 @@ class LoaderCache:
                                   "smaller batches", needed)
 
     def _plan_samples(self, pos: dict):
-        """(upcoming shards, near samples by shard) for SamplePrefetcher."""
+        """(upcoming shards, near samples by shard) for SamplePrefetcher: the near samples are
+        those of this rank's next NEAR_STEPS steps, into the next epoch at the end of this one
+        (feed.near), so the first steps of an epoch are prefetched while the last ones are read."""
         upcoming = [(ref, step) for ref, step, _ in self._plan(pos)]
-        feed, index = self.feed, self.ds.index
-        epoch, step = feed.epoch, feed.step
-        plan, bs = feed.plan(epoch), feed.batch_size(epoch)
-        steps = NEAR_STEPS
-        start, stop = step * bs, min(plan.num_samples, (step + steps) * bs)
-        if stop <= start:
-            return upcoming, []
-        ids = plan.positions(start, stop)
-        shard, local = index.locate(ids)
-        near = []
-        uniq, first = np.unique(shard, return_index=True)
-        steps_of = step_key(epoch, step) + np.arange(len(ids), dtype=np.int64) // bs
-        for j in np.argsort(first, kind="stable").tolist():
-            s = int(uniq[j])
-            mine = shard == s
-            near.append((self.shards.ref(s), step_key(epoch, step + int(first[j]) // bs), (local[mine], steps_of[mine]),
-                         int(index.counts[s])))
-        return upcoming, near
+        index = self.ds.index
+        near: dict[int, list] = {}  # shard -> [ref, first step, [local ids], [their steps]], in order of first use
+        for epoch, step, bs, ids in self.feed.near(NEAR_STEPS):
+            shard, local = index.locate(ids)
+            steps_of = step_key(epoch, step) + np.arange(len(ids), dtype=np.int64) // bs
+            uniq, first = np.unique(shard, return_index=True)
+            for j in np.argsort(first, kind="stable").tolist():
+                s = int(uniq[j])
+                mine = shard == s
+                got = near.get(s)
+                if got is None:
+                    got = near[s] = [self.shards.ref(s), int(steps_of[first[j]]), [], []]
+                got[2].append(local[mine])
+                got[3].append(steps_of[mine])
+        return upcoming, [(ref, first, (np.concatenate(ls), np.concatenate(ss)), int(index.counts[s]))
+                          for s, (ref, first, ls, ss) in near.items()]
 
     def _check_budget(self) -> int:
         """The prefetch window in bytes; CacheLimitError if the node's working set cannot fit.
