@@ -280,7 +280,10 @@ class RangedShards(CachedShards):
             if kind is None and not cache.contains(ref.url, ref.hash, ref.version) and os.path.exists(policy.fetcher.path(ref)):
                 self._partial.add(s)  # a partial copy is here (the prefetcher's, or another rank's): use it
             if kind == WHOLE or (kind is None and s not in self._partial and cache.contains(ref.url, ref.hash, ref.version)):
-                continue  # path_of holds the whole copy and counts it
+                # path_of opens the whole copy and counts it; one kept open is a hit of this read: hits and
+                # misses count each shard of each batch, however long the reader keeps its shards open
+                self._c["hits"] += kind == WHOLE
+                continue
             mine = local[shard == s]
             count = int(self.index.counts[s])
             if kind is None and s not in self._partial and \
