@@ -47,11 +47,7 @@ ENABLED: bool | None = {"0": False, "1": True}.get(os.environ.get("SHARDFEED_CAC
 SIDECAR_SHARE = 0.03  # sidecar bytes per shard byte assumed where none was measured (shardfeed plan)
 NEAR_STEPS = 2  # steps (the current one first) a rank's prefetcher brings ahead as ranges
 RANGE_THREADS = 2  # a rank's prefetch threads for sample ranges (small requests: latency-bound)
-# partial copies a reader keeps open (pinned) between reads: each holds a few ranges. At 64 of the demo's
-# 100 shards a reader reopens ~10 a batch (20% of its batch time); all 100 open (256) removed that but
-# pinned every partial copy, so the prefetcher found no room it could evict: 2-3x the prefetches skipped
-# and 27-35% stall against 27-30% alone on the machine (2026-12-02)
-RANGED_MAX_OPEN = 64
+RANGED_MAX_OPEN = 64  # partial copies a reader keeps open (pinned) between reads: each holds a few ranges
 PLAN_ENTRY_BYTES = 96  # one key's entry in a published lookahead plan (JSON key and step), rounded up
 # a rank's plan file in the budget: its keys (a shard's, and its partial copy's with ranges), twice (the
 # new file is written beside the old one); SharedLookahead.max_bytes keeps it within this
