@@ -8,12 +8,18 @@ transport's read timeout) or a short read costs one piece, not the shard.
 Missing objects and refused access are not retried, nor an object that
 changed between ranges (the fetch fails whole: nothing stitched). A body
 slower than ``min_rate`` bytes/s after a grace of ``stall_s`` fails its try,
-and ``deadline_s`` bounds one object's fetch, retries included. When the
-attempts run out the error is a ShardError naming the URL and the last reason.
+and ``deadline_s`` bounds one object's fetch, retries included. A fault is
+retried ``attempts`` times, and for as long as ``retry_s`` after the first
+failure when that is longer (the backoff capped at ``max_backoff_s``): a
+follower that runs for days rides out a 503 storm of a minute
+(loader/remote_follow.py gives it ``FOLLOW_RETRY_S``) where five tries span
+about 3 s. When both run out the error is a ShardError naming the URL and the
+last reason.
 
 Defaults can be set for a whole job in the environment (read when a
 FetchOptions is made): ``SHARDFEED_FETCH_STALL_S``, ``SHARDFEED_FETCH_MIN_RATE``
-(bytes/s), ``SHARDFEED_FETCH_DEADLINE_S``, ``SHARDFEED_FETCH_ATTEMPTS``.
+(bytes/s), ``SHARDFEED_FETCH_DEADLINE_S``, ``SHARDFEED_FETCH_ATTEMPTS``,
+``SHARDFEED_FETCH_RETRY_S``.
 """
 
 from __future__ import annotations
@@ -46,6 +52,8 @@ class FetchOptions:
     attempts: int = field(default_factory=lambda: _env("SHARDFEED_FETCH_ATTEMPTS", 5, int))  # tries per range
     backoff_s: float = 0.2  # first retry delay, doubled each time (with jitter)
     max_backoff_s: float = 10.0
+    # faults are retried for at least this long after the first one (beyond `attempts` if need be); 0: tries only
+    retry_s: float = field(default_factory=lambda: _env("SHARDFEED_FETCH_RETRY_S", 0.0))
     # a read that gets no byte for this long is a failure
     stall_s: float = field(default_factory=lambda: _env("SHARDFEED_FETCH_STALL_S", 30.0))
     # a body slower than this (bytes/s, after stall_s of grace) is a failure: a trickle is not progress
@@ -56,8 +64,9 @@ class FetchOptions:
     def __post_init__(self):
         if self.range_bytes < 1 or self.threads < 1 or self.attempts < 1:
             raise ValueError(f"FetchOptions needs range_bytes, threads and attempts >= 1, got {self}")
-        if not (self.stall_s > 0 and self.deadline_s > 0 and self.min_rate >= 0):
-            raise ValueError(f"FetchOptions needs stall_s and deadline_s > 0 and min_rate >= 0, got {self}")
+        if not (self.stall_s > 0 and self.deadline_s > 0 and self.min_rate >= 0 and self.retry_s >= 0):
+            raise ValueError(f"FetchOptions needs stall_s and deadline_s > 0 and min_rate and retry_s >= 0, "
+                             f"got {self}")
 
 
 # What a prefetcher (clairvoyant.py) did, in its cache's stats() and so in Loader.stats():
@@ -91,11 +100,14 @@ def _reason(err: BaseException) -> str:
 
 
 def with_retries(url: str, what: str, fn, opts: FetchOptions, stopped=None, deadline: float | None = None):
-    """``fn()`` with exponential backoff; ShardError naming ``url`` when it keeps failing.
+    """``fn()`` with exponential backoff; ShardError naming ``url`` when it keeps failing
+    (``opts.attempts`` tries, and ``opts.retry_s`` seconds after the first failure).
     ``stopped()`` true ends it before the next try with Cancelled; past
     ``deadline`` (time.monotonic()) no new try starts."""
     delay = opts.backoff_s
-    for attempt in range(1, opts.attempts + 1):
+    attempt, failed_at = 0, None
+    while True:
+        attempt += 1
         if stopped is not None and stopped():
             raise Cancelled(url)
         try:
@@ -107,10 +119,16 @@ def with_retries(url: str, what: str, fn, opts: FetchOptions, stopped=None, dead
                 if isinstance(e, (ShardError, Cancelled)):
                     raise
                 raise ShardError(url, f"{what} failed: {_reason(e)}") from e
-            if attempt == opts.attempts:
-                raise ShardError(url, f"{what} failed after {opts.attempts} attempts; last: {_reason(e)}") from e
+            now = time.monotonic()
+            failed_at = now if failed_at is None else failed_at
+            window = failed_at + opts.retry_s - now  # of the retry window, left
+            if attempt >= opts.attempts and window <= 0:
+                over = f" over {now - failed_at:.0f} s" if opts.retry_s else ""
+                raise ShardError(url, f"{what} failed after {attempt} attempts{over}; last: {_reason(e)}") from e
             # jitter so ranks that failed together do not retry together
             pause = min(delay, opts.max_backoff_s) * (0.5 + random.random())
+            if attempt >= opts.attempts:
+                pause = min(pause, window)  # the tries are spent: the last ones end with the window
             if deadline is not None and time.monotonic() + pause > deadline:
                 raise ShardError(url, f"{what} failed and the fetch deadline of {opts.deadline_s:g} s has "
                                       f"passed after {attempt} attempt(s); last: {_reason(e)}") from e

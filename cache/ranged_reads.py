@@ -299,7 +299,10 @@ class RangedShards(CachedShards):
                 else:
                     policy.cache.budget.remove_unpinned(os.path.basename(policy.fetcher.path(ref)))  # superseded
             if kind == WHOLE or (kind is None and s not in self._partial and cache.contains(ref.url, ref.hash, ref.version)):
-                continue  # path_of holds the whole copy and counts it
+                # path_of opens the whole copy and counts it; one kept open is a hit of this read: hits and
+                # misses count each shard of each batch, however long the reader keeps its shards open
+                self._c["hits"] += kind == WHOLE
+                continue
             mine = local[shard == s]
             count = int(self.index.counts[s])
             # a shard not open here may be admitted whole at any read (cache/simulate.py models the same)

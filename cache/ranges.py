@@ -123,6 +123,14 @@ class RangeFetcher:
             for k, v in delta.items():
                 self.counters[k] += v
 
+    def _asked(self, fn):
+        """``fn`` counted in the cache's ``requests`` (stats(), the Loader's) at every try: a
+        range or sidecar GET is a request to the source like a whole shard's."""
+        def attempt():
+            self.cache._add(requests=1)
+            return fn()
+        return attempt
+
     def path(self, ref) -> str:
         return os.path.join(self.cache.data_dir, partial_key(self.cache.key_for(ref.url, ref.hash, ref.version)))
 
@@ -163,18 +171,19 @@ class RangeFetcher:
         tmp = self.cache.budget.make_room_and_create(key, SIDECAR, want, src.url, headroom=headroom, for_step=for_step)
         try:
             t0 = time.monotonic()
-            data = with_retries(src.url, "reading it", lambda: _read_upto(src, want), opts)
+            data = with_retries(src.url, "reading it",
+                                self._asked(lambda: _read_upto(src, want, lambda: self.cache._add(requests=1))), opts)
             self.cost.observe(len(data), time.monotonic() - t0)
             self._count(sidecar_requests=1)
             self.cache._add(bytes_fetched=len(data))
             if len(data) >= want:  # larger than guessed: its size, then all of it
-                size = with_retries(src.url, "asking its size", src.size, opts)
+                size = with_retries(src.url, "asking its size", self._asked(src.size), opts)
                 if size > 64 * want:
                     raise ShardError(src.url, f"sidecar claims {size} bytes for {count} samples (corrupt)")
                 unlink_quiet(tmp)
                 tmp = self.cache.budget.make_room_and_create(key, SIDECAR, size, src.url, headroom=headroom,
                                                              for_step=for_step)
-                data = with_retries(src.url, "reading it", lambda: src.read_range(0, size), opts)
+                data = with_retries(src.url, "reading it", self._asked(lambda: src.read_range(0, size)), opts)
                 self._count(sidecar_requests=2)
                 self.cache._add(bytes_fetched=len(data))
             with open(tmp, "r+b") as f:
@@ -259,8 +268,8 @@ class RangeFetcher:
                                                          for_step=for_step)  # by the lookahead
             try:
                 t0 = time.monotonic()
-                data = with_retries(ref.url, f"reading bytes {a}-{b - 1}", lambda a=a, b=b: src.read_range(a, b),
-                                    opts)
+                data = with_retries(ref.url, f"reading bytes {a}-{b - 1}",
+                                    self._asked(lambda a=a, b=b: src.read_range(a, b)), opts)
                 self.cost.observe(len(data), time.monotonic() - t0)
                 self._count(range_requests=1, range_bytes=len(data))
                 self.cache._add(bytes_fetched=len(data))
@@ -320,8 +329,9 @@ class RangeFetcher:
             if b > a:
                 punch(fd, a, b)
 
-def _read_upto(src, n: int) -> bytes:
-    """Up to ``n`` bytes from the start of ``src`` in one request (a sidecar's size is not in the index)."""
+def _read_upto(src, n: int, on_request=None) -> bytes:
+    """Up to ``n`` bytes from the start of ``src`` in one request (a sidecar's size is not in the index);
+    ``on_request()`` is told of a second one (a server that refuses a bounded GET of a larger object)."""
     if hasattr(src, "get_small"):  # http(s): one bounded GET of the whole object when it is at most n bytes
         from shardfeed.cache.http_source import HttpError
 
@@ -330,6 +340,8 @@ def _read_upto(src, n: int) -> bytes:
         except HttpError as e:
             if e.status != 413:
                 raise
+            if on_request is not None:
+                on_request()
             return src.read_range(0, n)  # larger than guessed: the caller asks its size and reads it whole
     if hasattr(src, "fs"):
         return bytes(src.fs.cat_file(src.path, start=0, end=n))

@@ -13,11 +13,21 @@ Readers in worker processes take the grown index from the mirror
 the mirror holds. The readers keep no shard open between reads
 (``FollowedShards.keep_open``): a stream's shard sizes are not known when
 the budget is sized, so pins last one read.
+
+A follower runs as long as its writer, so a server's bad minute must not end
+it: its fetches (shards, sidecars, log entries) retry faults for
+``FOLLOW_RETRY_S`` seconds, not only five tries (cache/fetch.py), unless
+``SHARDFEED_FETCH_RETRY_S`` says otherwise.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
+
 from shardfeed.cache.reads import CachedShards
+
+FOLLOW_RETRY_S = 60.0  # a follower's fetches ride out faults this long (a 503 storm, a restarting server)
 
 
 def open_followed(url: str, cache_dir, limit_bytes, storage_options):
@@ -28,6 +38,8 @@ def open_followed(url: str, cache_dir, limit_bytes, storage_options):
 
     url = url.rstrip("/")
     spec = cache_spec(url, cache_dir, limit_bytes, storage_options)
+    if not os.environ.get("SHARDFEED_FETCH_RETRY_S"):
+        spec = dataclasses.replace(spec, fetch=dataclasses.replace(spec.fetch, retry_s=FOLLOW_RETRY_S))
     mirror = LogMirror(url, spec.open())
     mirror.sync()
     return spec, _index(mirror.folder, url, mirror.have if mirror.exists else None, mirror.exists), mirror.folder

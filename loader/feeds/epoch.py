@@ -52,7 +52,7 @@ class EpochFeed(Feed):
         self._valid: set = set()  # (epoch, history) whose saved consumed counts were checked
         self.fingerprint = dict(fingerprint or {})
         self.epoch, self.step, self.history = int(epoch), 0, ()
-        self._cache: tuple | None = None
+        self._plans: dict = {}  # (epoch, job, history) -> plan: the current epoch's and the next one's
         self._steps: tuple | None = None  # see _epoch_steps
         self.job(self.epoch)  # check the batch sizes against the world size now
 
@@ -62,9 +62,12 @@ class EpochFeed(Feed):
         history = self.history if history is None else history
         job = self.job(epoch)
         key = (epoch, job, history)
-        if self._cache is None or self._cache[0] != key:
-            self._cache = (key, self.spec.plan(epoch, job, self.rank, history))
-        return self._cache[1]
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) >= 2:  # two: a lookahead across an epoch's end asks for both in turn
+                self._plans.pop(next(iter(self._plans)))
+            plan = self._plans[key] = self.spec.plan(epoch, job, self.rank, history)
+        return plan
 
     def steps(self, epoch: int | None = None, history=None) -> int:
         """Steps of ``epoch`` (default: the current one, after its resizes)."""
@@ -178,6 +181,30 @@ class EpochFeed(Feed):
                 budget -= stop - pos
                 pos = stop
             if len(out) >= k or budget <= 0:
+                break
+            epoch, step, history = epoch + 1, 0, ()
+        return out
+
+    def near(self, steps: int) -> list[tuple[int, int, int, np.ndarray]]:
+        """The samples of this rank's next ``steps`` steps from the current position, crossing
+        into the next epoch at the end of this one (its plan is a pure function of the seed
+        and the epoch, so a prefetcher can bring its first steps while this one ends): a list
+        of ``(epoch, first step, batch size, sample ids)``, one per epoch touched. A caller
+        that goes elsewhere (``set_epoch`` to another epoch) only wasted the prefetch."""
+        out = []
+        epoch, step, history, left = self.epoch, self.step, self.history, int(steps)
+        for k in range(2):
+            try:
+                plan, bs = self.plan(epoch, history), self.batch_size(epoch)
+            except ValueError:
+                if not k:
+                    raise
+                break  # the next epoch's job is not valid (a schedule's): that epoch says so when it starts
+            start, stop = step * bs, min(plan.num_samples, (step + left) * bs)
+            if stop > start and bs > 0:
+                out.append((epoch, step, bs, plan.positions(start, stop)))
+                left -= -(-(stop - start) // bs)
+            if left <= 0:
                 break
             epoch, step, history = epoch + 1, 0, ()
         return out

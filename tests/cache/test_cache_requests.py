@@ -36,3 +36,31 @@ def test_requests_per_epoch_are_counted_and_minimal(tmp_path):
         # the mirror (index, log listing) at open, one GET per shard and per sidecar, then all hits
         assert first == mirror + 2 * shards and second == 0
         assert sum(srv.requests.values()) == mirror + 2 * shards
+
+
+
+@pytest.mark.timeout(120)
+def test_range_and_sidecar_requests_are_counted_as_the_server_sees_them(tmp_path):
+    """A shard read as sample ranges: its sidecar GET and each range GET, retries
+    included, are in the cache's ``requests`` (what the Loader's stats() report)."""
+    from cache_servers import Fault
+    from shardfeed.cache import ShardCache, ShardRef
+    from shardfeed.cache.cost_model import CostModel
+    from shardfeed.cache.ranges import RangeFetcher
+
+    root = str(tmp_path / "ds")
+    with ShardWriter(root, max_shard_samples=16) as w:
+        for i in range(16):
+            w.write(labelled_sample(i, 8192))
+    ix = open_index(root)
+    cache = ShardCache(str(tmp_path / "c"), 4 << 20)
+    fetcher = RangeFetcher(cache, CostModel())
+    with RangeServer(root) as srv:
+        srv.faults.append(Fault(".tar", "503", times=1, skip=1))  # the second range GET fails once, then retried
+        ref = ShardRef(f"{srv.url}/{ix.names[0]}", ix.hashes[0], int(ix.sizes[0]))
+        assert fetcher.ensure(ref, [1, 5, 9], 16) == (0, 3)  # three ranges (samples 8 KiB apart)
+        assert fetcher.ensure(ref, [1, 12], 16) == (1, 1)
+        asked = sum(srv.requests.values()) + srv.head_count()
+        assert not srv.faults[0].times  # the 503 was met
+    assert srv.gets(".tar.idx") == 1 and srv.gets(".tar") == 5  # 4 ranges and the retry
+    assert cache.stats()["requests"] == asked == 6
