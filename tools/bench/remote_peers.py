@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -207,15 +206,9 @@ def _run(python: str, job: dict, env: dict, timeout: float) -> dict:
         cmd = [python, "-c", _BY_NAME, json.dumps(job)]
     else:
         cmd = [python, "-c", _BY_PATH, _HERE, json.dumps(job)]
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **env})
-    except subprocess.TimeoutExpired:
-        return {"status": f"error: no result after {timeout:.0f} s"}
-    for line in reversed(done.stdout.splitlines()):
-        if line.startswith(RESULT):
-            return json.loads(line[len(RESULT):])
-    tail = (done.stderr.strip().splitlines() or ["no output"])[-1][:300]
-    return {"status": f"error: process exited {done.returncode} without a result ({tail})"}
+    from shardfeed.tools.bench.child import result_of
+
+    return result_of(cmd, RESULT, timeout, env={**os.environ, **env}, who="the process")
 
 
 def _size(folder: str) -> int:
