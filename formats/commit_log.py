@@ -41,34 +41,23 @@ from shardfeed.formats.index import (
     check_shard_name,
     check_unique_names,
 )
+from shardfeed.formats.records import SlotRecord
 
 _SEQ_RE = re.compile(r"^(\d{12})\.json$")
 END = "end"
 _MAX_ENTRY = 1 << 16  # bytes of one entry read at most (entries are tiny; a huge one is damage)
 
 
-class LogView:
+class LogView(SlotRecord):
     """Commits after ``after``: published shards (seq, info) in commit order and the end's seq (or None)."""
 
-    # a plain class with a frozen dataclass's __eq__/__hash__/__repr__ written out: a dataclass compiles
-    # its methods at import (issue #24); not frozen: nothing assigns to a LogView
+    # a SlotRecord, not a dataclass: a dataclass compiles its methods at import (issue #24); not frozen: nothing assigns to it
     __slots__ = ("shards", "end", "fields")
 
     def __init__(self, shards: list, end: int | None, fields: tuple = ()):
         self.shards = shards
         self.end = end
         self.fields = fields  # field names the shards' commits record, first seen first
-
-    def __repr__(self) -> str:
-        return f"LogView(shards={self.shards!r}, end={self.end!r}, fields={self.fields!r})"
-
-    def __eq__(self, other):
-        if other.__class__ is not self.__class__:
-            return NotImplemented
-        return (self.shards, self.end, self.fields) == (other.shards, other.end, other.fields)
-
-    def __hash__(self) -> int:
-        return hash((self.shards, self.end, self.fields))
 
     @property
     def last_seq(self) -> int | None:

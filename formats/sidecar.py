@@ -20,6 +20,7 @@ from shardfeed.formats.errors import ShardError
 from shardfeed.formats.files import check_regular, open_regular
 from shardfeed.formats.key_blob import Keys
 from shardfeed.formats.lazy import lazy_module
+from shardfeed.formats.records import SlotRecord
 from shardfeed.formats.tar import list_members, split_name
 
 # writing, and reading a sidecar own_tables.py declines; a good sidecar is read without it
@@ -140,7 +141,7 @@ _NUMPY_OF = {t: np.dtype(t) for t in ("int8", "int16", "int32", "int64", "uint8"
 _NUMPY_OF.update({"float": np.dtype("float32"), "double": np.dtype("float64")})
 
 
-class SampleTable:
+class SampleTable(SlotRecord):
     """Samples of one tar shard, as flat arrays.
 
     Sample ``i`` owns members ``member_start[i]:member_start[i+1]``; member ``j``
@@ -148,8 +149,7 @@ class SampleTable:
     of the (decompressed) tar stream.
     """
 
-    # a plain class with a dataclass's __eq__/__repr__ written out (unhashable, as a dataclass):
-    # a dataclass compiles its methods at import (issue #24)
+    # a SlotRecord, not a dataclass: a dataclass compiles its methods at import (issue #24); unhashable, as a dataclass
     __slots__ = ("keys", "member_start", "offset", "size", "member_field", "fields", "checksum", "shard_bytes")
     __hash__ = None
 
@@ -163,16 +163,6 @@ class SampleTable:
         self.fields = fields
         self.checksum = checksum  # uint64, len = samples
         self.shard_bytes = shard_bytes
-
-    def _fields(self) -> tuple:
-        return (self.keys, self.member_start, self.offset, self.size, self.member_field, self.fields,
-                self.checksum, self.shard_bytes)
-
-    def __repr__(self) -> str:
-        return "SampleTable(" + ", ".join(f"{k}={v!r}" for k, v in zip(self.__slots__, self._fields())) + ")"
-
-    def __eq__(self, other):
-        return self._fields() == other._fields() if other.__class__ is self.__class__ else NotImplemented
 
     def __len__(self) -> int:
         return len(self.keys)

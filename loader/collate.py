@@ -33,6 +33,7 @@ import torch
 from shardfeed.formats.codecs import codec_of, decode_npy
 from shardfeed.formats.engine.kernels import copy_ranges
 from shardfeed.formats.numeric_fields import numeric_column
+from shardfeed.formats.records import SlotRecord
 from shardfeed.loader import heap
 from shardfeed.loader.bytes_column import BytesList
 from shardfeed.loader.views import BYTES_AS, check_bytes_as, jagged_view, tensor_views
@@ -44,11 +45,10 @@ _SLICE_WHOLE_BYTES = 16 << 10  # mean item size up to which to_list copies the i
 _ITEM_MIN_BYTES = 256  # equal-sized values from this size on are taken one by one, not compacted first
 
 
-class Blob:
+class Blob(SlotRecord):
     """Per-sample byte strings inside one buffer; size -1 means None (field absent)."""
 
-    # Blob and Strs are plain classes with the methods a dataclass would make (same __eq__, __repr__,
-    # unhashable), written out: a dataclass compiles its methods at import (issue #24)
+    # a SlotRecord, not a dataclass: a dataclass compiles its methods at import (issue #24); unhashable, as a dataclass
     __slots__ = ("buf", "starts", "sizes", "text")
     __hash__ = None
 
@@ -57,14 +57,6 @@ class Blob:
         self.starts = starts  # int64
         self.sizes = sizes  # int64
         self.text = text
-
-    def __repr__(self) -> str:
-        return f"Blob(buf={self.buf!r}, starts={self.starts!r}, sizes={self.sizes!r}, text={self.text!r})"
-
-    def __eq__(self, other):
-        if other.__class__ is not self.__class__:
-            return NotImplemented
-        return (self.buf, self.starts, self.sizes, self.text) == (other.buf, other.starts, other.sizes, other.text)
 
     def __len__(self) -> int:
         return len(self.starts)
@@ -175,7 +167,7 @@ def owned(arr: np.ndarray) -> OwnedArray:
     return arr.view(OwnedArray)
 
 
-class Strs:
+class Strs(SlotRecord):
     """``count`` strings, none holding a NUL, as UTF-8 joined by NUL."""
 
     __slots__ = ("data", "count")
@@ -184,14 +176,6 @@ class Strs:
     def __init__(self, data: bytes, count: int):
         self.data = data
         self.count = count
-
-    def __repr__(self) -> str:
-        return f"Strs(data={self.data!r}, count={self.count!r})"
-
-    def __eq__(self, other):
-        if other.__class__ is not self.__class__:
-            return NotImplemented
-        return (self.data, self.count) == (other.data, other.count)
 
     def __len__(self) -> int:
         return self.count

@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from shardfeed.formats.records import SlotRecord
 
-class Deal:
-    # a plain class with a frozen dataclass's __eq__/__hash__/__repr__ written out: a dataclass compiles
-    # its methods at import (issue #24); not frozen: nothing assigns to a Deal
+
+class Deal(SlotRecord):
+    # a SlotRecord, not a dataclass: a dataclass compiles its methods at import (issue #24); not frozen: nothing assigns to it
     __slots__ = ("length", "weights", "drop_last", "strided")
 
     def __init__(self, length: int, weights: tuple[int, ...], drop_last: bool, strided: bool):
@@ -36,19 +37,6 @@ class Deal:
         self.weights = weights
         self.drop_last = drop_last
         self.strided = strided
-
-    def _fields(self) -> tuple:
-        return self.length, self.weights, self.drop_last, self.strided
-
-    def __repr__(self) -> str:
-        return (f"Deal(length={self.length!r}, weights={self.weights!r}, drop_last={self.drop_last!r}, "
-                f"strided={self.strided!r})")
-
-    def __eq__(self, other):
-        return self._fields() == other._fields() if other.__class__ is self.__class__ else NotImplemented
-
-    def __hash__(self) -> int:
-        return hash(self._fields())
 
     @property
     def world_size(self) -> int:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from shardfeed.formats.records import SlotRecord
 from shardfeed.shuffling.ids import check_counts
 from shardfeed.shuffling.orders import Order
 from shardfeed.shuffling.plan import DEFAULT_BLOCK_SHARDS, DEFAULT_BUFFER_SIZE, EpochPlan, make_plan
@@ -29,7 +30,7 @@ from shardfeed.shuffling.topology import Topology
 MAX_BATCH_SIZE = (1 << 31) - 1
 
 
-class Job:
+class Job(SlotRecord):
     """World size and batch sizes of one job.
 
     batch_sizes: one int per rank, or None for unbatched reading (a plain
@@ -37,8 +38,7 @@ class Job:
     sizes deal exactly like no weights.
     """
 
-    # a plain class with the frozen dataclass's __eq__/__hash__/__repr__ written out: a dataclass compiles
-    # its methods at import (issue #24); not frozen: nothing assigns to a Job
+    # a SlotRecord, not a dataclass: a dataclass compiles its methods at import (issue #24); not frozen: nothing assigns to it
     __slots__ = ("world_size", "batch_sizes", "ranks_per_node")
 
     def __init__(self, world_size: int, batch_sizes: tuple[int, ...] | None = None, ranks_per_node: int | None = None):
@@ -60,18 +60,6 @@ class Job:
         if rpn is not None and not 1 <= rpn <= self.world_size:
             # a node cannot hold more ranks than the job has (a smaller job after a resize)
             self.ranks_per_node = None
-
-    def __repr__(self) -> str:
-        return f"Job(world_size={self.world_size!r}, batch_sizes={self.batch_sizes!r}, ranks_per_node={self.ranks_per_node!r})"
-
-    def __eq__(self, other):
-        if other.__class__ is not self.__class__:
-            return NotImplemented
-        return (self.world_size, self.batch_sizes, self.ranks_per_node) == \
-            (other.world_size, other.batch_sizes, other.ranks_per_node)
-
-    def __hash__(self) -> int:
-        return hash((self.world_size, self.batch_sizes, self.ranks_per_node))
 
     @property
     def weights(self) -> tuple[int, ...] | None:

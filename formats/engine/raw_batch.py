@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from shardfeed.formats.errors import ReadError
+from shardfeed.formats.records import SlotRecord
 
 _ARANGE = np.arange(0, dtype=np.int64)
 
@@ -23,7 +24,7 @@ def _arange(n: int) -> np.ndarray:
     return _ARANGE[:n]
 
 
-class RawBatch:
+class RawBatch(SlotRecord):
     """Undecoded samples of one batch, in the order asked for (minus skips).
 
     ``fields[name]`` is ``("bytes", starts, sizes)`` into ``buf`` (size -1:
@@ -36,8 +37,7 @@ class RawBatch:
     ``keys`` (a worker passes the blob on without ever building the list).
     """
 
-    # a plain class with a dataclass's __eq__/__repr__ written out (unhashable, as a dataclass):
-    # a dataclass compiles its methods at import (issue #24)
+    # a SlotRecord, not a dataclass: a dataclass compiles its methods at import (issue #24); unhashable, as a dataclass
     __slots__ = ("ids", "key_list", "buf", "fields", "shards", "errors", "bytes_read", "key_blob")
     __hash__ = None
 
@@ -51,18 +51,6 @@ class RawBatch:
         self.errors = [] if errors is None else errors  # samples and shards left out (skip mode)
         self.bytes_read = bytes_read
         self.key_blob = key_blob
-
-    def _fields(self) -> tuple:
-        return (self.ids, self.key_list, self.buf, self.fields, self.shards, self.errors, self.bytes_read,
-                self.key_blob)
-
-    def __repr__(self) -> str:
-        return (f"RawBatch(ids={self.ids!r}, key_list={self.key_list!r}, buf={self.buf!r}, fields={self.fields!r}, "
-                f"shards={self.shards!r}, errors={self.errors!r}, bytes_read={self.bytes_read!r}, "
-                f"key_blob={self.key_blob!r})")
-
-    def __eq__(self, other):
-        return self._fields() == other._fields() if other.__class__ is self.__class__ else NotImplemented
 
     @property
     def keys(self) -> list:

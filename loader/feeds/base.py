@@ -32,16 +32,16 @@ from typing import NamedTuple
 
 import numpy as np
 
+from shardfeed.formats.records import SlotRecord
 from shardfeed.loader.schedule import BatchSchedule, Stage
 from shardfeed.shuffling.plan_protocol import Plan
 from shardfeed.shuffling.spec import Job
 
 
-class WorkItem:
+class WorkItem(SlotRecord):
     """One step: read positions [start, stop) of ``plan`` at ``stage``."""
 
-    # WorkItem and AuditSources are plain classes with a dataclass's __eq__/__repr__/__hash__ written
-    # out (a dataclass compiles its methods at import, issue #24); not frozen: nothing assigns to them
+    # a SlotRecord, not a dataclass: a dataclass compiles its methods at import (issue #24); not frozen: nothing assigns to it
     __slots__ = ("epoch", "step", "plan", "start", "stop", "stage", "state")
 
     def __init__(self, epoch: int, step: int, plan: Plan, start: int, stop: int, stage: Stage, state: dict):
@@ -52,19 +52,6 @@ class WorkItem:
         self.stop = stop
         self.stage = stage
         self.state = state  # the feed's state once this item is consumed
-
-    def _fields(self) -> tuple:
-        return self.epoch, self.step, self.plan, self.start, self.stop, self.stage, self.state
-
-    def __repr__(self) -> str:
-        return (f"WorkItem(epoch={self.epoch!r}, step={self.step!r}, plan={self.plan!r}, start={self.start!r}, "
-                f"stop={self.stop!r}, stage={self.stage!r}, state={self.state!r})")
-
-    def __eq__(self, other):
-        return self._fields() == other._fields() if other.__class__ is self.__class__ else NotImplemented
-
-    def __hash__(self) -> int:
-        return hash(self._fields())
 
     @property
     def image_size(self) -> int | None:
@@ -82,7 +69,7 @@ class Upcoming(NamedTuple):
     step: int
 
 
-class AuditSources:
+class AuditSources(SlotRecord):
     """What an audit records per source: names, sample counts (a stream's grows), how
     combined ids split into (source, id in source) (None: one source), and which
     source is a followed stream (None: none)."""
@@ -96,20 +83,6 @@ class AuditSources:
         self.sizes = sizes
         self.split = split
         self.stream = stream
-
-    def _fields(self) -> tuple:
-        return self.names, self.sizes, self.split, self.stream
-
-    def __repr__(self) -> str:
-        return (f"AuditSources(names={self.names!r}, sizes={self.sizes!r}, split={self.split!r}, "
-                f"stream={self.stream!r})")
-
-    def __eq__(self, other):
-        return self._fields() == other._fields() if other.__class__ is self.__class__ else NotImplemented
-
-    def __hash__(self) -> int:
-        return hash(self._fields())
-
 
 class Feed(ABC):
     """The contract every feed keeps (see the module docstring); iterating a
