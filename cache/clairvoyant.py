@@ -251,11 +251,15 @@ class SamplePrefetcher(PlanPrefetcher):
                 return
             pin = fetcher.pin(ref)
             try:
+                if self.cache.contains(ref.url, ref.hash, ref.version):
+                    self._count(prefetch_present=1)  # admitted whole since the check above
+                    return
                 n = self._bring(ref, local, steps, count)
                 self.fetched_samples += n
                 self._count(**({"prefetch_samples": n} if n else {"prefetch_present": 1}))
             finally:
                 pin.release()
+                fetcher.drop_superseded(ref)  # admitted whole while this brought ranges into it
         except NoRoom:
             self.skipped += 1  # the readers fetch it themselves when they come to it
             self._count(prefetch_skipped=1)

@@ -297,7 +297,7 @@ class RangedShards(CachedShards):
                 if not cache.contains(ref.url, ref.hash, ref.version):
                     self._partial.add(s)  # a partial copy is here (the prefetcher's, or another rank's): use it
                 else:
-                    policy.cache.budget.remove_unpinned(os.path.basename(policy.fetcher.path(ref)))  # superseded
+                    policy.fetcher.drop_superseded(ref)
             if kind == WHOLE or (kind is None and s not in self._partial and cache.contains(ref.url, ref.hash, ref.version)):
                 # path_of opens the whole copy and counts it; one kept open is a hit of this read: hits and
                 # misses count each shard of each batch, however long the reader keeps its shards open
@@ -340,6 +340,8 @@ class RangedShards(CachedShards):
             # copy (their sidecars), and the next read sees a shard admitted whole since
             for s, *_ in token:
                 self.forget_view(s)
+        for _s, ref, *_ in token:
+            policy.fetcher.drop_superseded(ref)  # admitted whole (here or by another rank) while pinned
 
     @staticmethod
     def _punch(policy, ref, mine) -> bool:
@@ -369,6 +371,8 @@ class RangedShards(CachedShards):
             policy.observe_sidecar(os.path.getsize(path + ".idx"), int(ref.size or 0), ref.url)
         if self.index.formats[i] == "tar" and i in self._partial:
             self._c["hits"], self._c["misses"] = had  # counted by prepare
+        if rangeable(self.index, i):
+            policy.fetcher.drop_superseded(ref)  # a partial copy left from before its whole admission
         return path
 
     def release(self, i: int) -> None:

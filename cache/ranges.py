@@ -134,6 +134,14 @@ class RangeFetcher:
     def path(self, ref) -> str:
         return os.path.join(self.cache.data_dir, partial_key(self.cache.key_for(ref.url, ref.hash, ref.version)))
 
+    def drop_superseded(self, ref) -> bool:
+        """Remove ``ref``'s partial copy once its whole copy is here and nobody pins it (it
+        holds budget the whole copy already covers); whether it went."""
+        path = self.path(ref)
+        if not os.path.exists(path) or not self.cache.contains(ref.url, ref.hash, ref.version):
+            return False
+        return self.cache.budget.remove_unpinned(os.path.basename(path))
+
     def pin(self, ref) -> FileLock:
         """A shared pin on ``ref``'s partial copy (release it when done)."""
         name = partial_key(self.cache.key_for(ref.url, ref.hash, ref.version))
