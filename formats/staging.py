@@ -86,7 +86,8 @@ class SignalsHeld:
     that only records the signal is enough (masking would not be: the kernel
     may deliver to any other thread, and Python still runs the handler here).
     A signal caught meanwhile is dropped: it came too late to stop the
-    conversion, which completes.
+    conversion, which completes; or, for a step that only must not be cut
+    in half, delivered again by ``replay()`` once the caller can clean up.
     """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -101,6 +102,11 @@ class SignalsHeld:
         for s, handler in self.old.items():
             signal.signal(s, handler)
         return False
+
+    def replay(self) -> None:
+        """Deliver the first signal caught while held to the handlers in place now."""
+        if self.caught:
+            signal.raise_signal(self.caught[0])
 
 
 def publish_stage(stage: str, dst: str, overwrite: bool) -> None:

@@ -55,7 +55,7 @@ import numpy as np
 from shardfeed.formats import ShardError, ShardInfo, ShardWriter, write_index
 from shardfeed.formats.columnar_values import typed_for_columnar
 from shardfeed.formats.sidecar import SIDECAR_SUFFIX
-from shardfeed.formats.staging import check_destination, publish_stage, remove_stale_stages, stage_path
+from shardfeed.formats.staging import SignalsHeld, check_destination, publish_stage, remove_stale_stages, stage_path
 from shardfeed.tools.convert.order import BucketShuffle, OutputOrder, bucket_samples_for
 from shardfeed.tools.convert.parts import ConvertResult, write_part_manifest
 from shardfeed.tools.convert.plan import PLAN, load_plan, measure, parts_at, save_plan, shard_ends
@@ -233,8 +233,12 @@ def _in_pool(fn, calls: list[tuple], progress) -> list:
     # spawn, not fork: the parent may hold Arrow/numba thread pools, which fork does not copy safely.
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    pool = ctx.Pool(len(calls), initializer=_init_worker, initargs=(q,))
+    # a stop while the workers start would leave each of them half-started, printing a traceback
+    # after the parent's "stopped" line: it is delivered once they are up, and stops them
+    with SignalsHeld() as held:
+        pool = ctx.Pool(len(calls), initializer=_init_worker, initargs=(q,))
     try:
+        held.replay()
         pending = [pool.apply_async(fn, args) for args in calls]
         while not all(r.ready() for r in pending):
             try:
