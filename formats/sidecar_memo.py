@@ -28,6 +28,7 @@ from shardfeed.formats.files import open_regular
 MAX_BYTES = 32 << 20
 
 _memo: OrderedDict[str, tuple[bytes, object, dict]] = OrderedDict()  # path -> (its bytes, table, metadata)
+_valid: dict[int, tuple[object, set]] = {}  # id(kept table) -> (the table, stream sizes it was validated for)
 _held = 0
 _mu = threading.Lock()
 parses = 0  # sidecars parsed by read_sidecar_once (tests and benchmarks)
@@ -56,12 +57,31 @@ def read_sidecar_once(path: str, shard: str):
         return table, meta  # kept, it would push out most others
     with _mu:
         old = _memo.pop(path, None)
-        _held += len(raw) - (len(old[0]) if old else 0)
+        if old is not None:
+            _held -= len(old[0])
+            _valid.pop(id(old[1]), None)
+        _held += len(raw)
         _memo[path] = (raw, table, dict(meta))
+        _valid[id(table)] = (table, set())
         while _held > MAX_BYTES:
-            _, (gone, _, _) = _memo.popitem(last=False)
+            _, (gone, gone_table, _) = _memo.popitem(last=False)
             _held -= len(gone)
+            _valid.pop(id(gone_table), None)
     return table, meta
+
+
+def validate_once(table, shard: str, stream_bytes: int) -> None:
+    """``table.validate(shard, stream_bytes)``, once per kept table and stream size: a kept
+    table is never changed, so what it was checked against once holds at every reopen."""
+    with _mu:
+        got = _valid.get(id(table))
+        if got is not None and got[0] is table and stream_bytes in got[1]:
+            return
+    table.validate(shard, stream_bytes)
+    with _mu:
+        got = _valid.get(id(table))
+        if got is not None and got[0] is table:
+            got[1].add(int(stream_bytes))
 
 
 def forget() -> None:
@@ -69,4 +89,5 @@ def forget() -> None:
     global _held
     with _mu:
         _memo.clear()
+        _valid.clear()
         _held = 0

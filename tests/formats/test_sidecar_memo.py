@@ -65,3 +65,17 @@ def test_a_replaced_sidecar_is_read_as_it_is_now(tmp_path):
     with pytest.raises(ShardError):  # written for another shard: refused, not the parse of the old one
         _read_all(index, 0)
     assert sidecar_memo.parses == before + 1
+
+
+def test_a_kept_table_is_validated_once_per_shard_size(tmp_path, monkeypatch):
+    from shardfeed.formats.sidecar import SampleTable
+
+    index = open_index(_dataset(tmp_path))
+    sidecar_memo.forget()
+    checked = []
+    real = SampleTable.validate
+    monkeypatch.setattr(SampleTable, "validate", lambda self, shard, n: (checked.append((shard, n)), real(self, shard, n)))
+    first = _read_all(index, 2)
+    for _ in range(3):
+        assert _read_all(index, 2) == first
+    assert checked == [(index.path(2), os.path.getsize(index.path(2)))]
