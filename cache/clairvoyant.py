@@ -155,6 +155,7 @@ class SamplePrefetcher(PlanPrefetcher):
         self.fetched_samples = 0  # samples this prefetcher brought (for tests and benchmarks)
         self.skipped = 0  # shards not prefetched: no room beyond what the readers may need
         self._window: dict[int, int] = {}  # step after the readers' next -> bytes brought for it
+        self._brought: dict[str, dict[int, int]] = {}  # url -> {sample made present: the step it is read at}
         super().__init__(cache, plan_fn, 0, threads)
 
     def _window_room(self, step: int, nbytes: int) -> bool:
@@ -199,7 +200,33 @@ class SamplePrefetcher(PlanPrefetcher):
                 self.skipped += 1
                 self._count(prefetch_skipped=1)
                 break
+            self._mark(ref.url, mine, steps[steps == step])
         return n
+
+    def _mark(self, url: str, local, steps) -> None:
+        """Samples ``local`` of ``url`` (read at ``steps``) are present: later passes leave them be."""
+        with self._cv:
+            done = self._brought.setdefault(url, {})
+            done.update(zip(local.tolist(), steps.tolist()))
+
+    def _new(self, ref, local, steps):
+        """(local, steps) of a near shard less the samples this prefetcher made present already; all
+        of them again when its copy is gone (evicted)."""
+        import os
+
+        import numpy as np
+
+        with self._cv:
+            done = self._brought.get(ref.url)
+        if not done:
+            return local, steps
+        new = np.fromiter((done.get(i) != s for i, s in zip(local.tolist(), steps.tolist())), bool, len(local))
+        if not new.all() and not (os.path.exists(self.policy.fetcher.path(ref))
+                                  or self.cache.contains(ref.url, ref.hash, ref.version)):
+            with self._cv:
+                self._brought.pop(ref.url, None)
+            return local, steps
+        return local[new], steps[new]
 
     def _run(self) -> None:
         from shardfeed.cache.ranges import partial_key
@@ -221,8 +248,20 @@ class SamplePrefetcher(PlanPrefetcher):
                         plan[k] = step
             self.cache.lookahead.publish(plan)
             with self._cv:
+                for url in list(self._brought):  # steps the readers passed: read, or on their terms
+                    left = {i: s for i, s in self._brought[url].items() if s >= self._step}
+                    if left:
+                        self._brought[url] = left
+                    else:
+                        del self._brought[url]
+            todo = []
+            for ref, _step, local, count in near:
+                local = self._new(ref, *local)
+                if len(local[0]):
+                    todo.append((ref, local, count))
+            with self._cv:
                 self._wanted = {ref.url for ref, _, _, _ in near}
-                for ref, _step, local, count in near:
+                for ref, local, count in todo:
                     if ref.url not in self._inflight:
                         self._inflight.add(ref.url)
                         self._pool.submit(self._fetch_samples, ref, local, count)
@@ -234,10 +273,11 @@ class SamplePrefetcher(PlanPrefetcher):
             if self._stop.is_set() or ref.url not in self._wanted:
                 self._count(prefetch_passed=1)
                 return
+            local, steps = local
             if self.cache.contains(ref.url, ref.hash, ref.version):
+                self._mark(ref.url, local, steps)
                 self._count(prefetch_present=1)
                 return
-            local, steps = local
             keep = steps >= self._step  # samples of steps the consumer passed: read already
             local, steps = local[keep], steps[keep]
             if not len(local):
@@ -247,6 +287,7 @@ class SamplePrefetcher(PlanPrefetcher):
             if not os.path.exists(fetcher.path(ref)) and \
                     self.policy.choose(ref, len(local), count, self.policy.ranges_cost(ref, local)) == "whole":
                 self.cache.get(ref.url, ref.hash, ref.size, sidecar=True, cancel=self._stop, version=ref.version)
+                self._mark(ref.url, local, steps)
                 self._count(prefetch_shards=1)
                 return
             pin = fetcher.pin(ref)

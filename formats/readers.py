@@ -24,6 +24,7 @@ from shardfeed.formats.errors import ShardError
 from shardfeed.formats.files import check_regular, open_regular
 from shardfeed.formats.lazy import lazy_module
 from shardfeed.formats.sidecar import SIDECAR_SUFFIX, SampleTable, read_sidecar, sample_checksum, scan_tar
+from shardfeed.formats.sidecar_memo import read_sidecar_once, validate_once
 from shardfeed.formats.tar_stream import load_tar_stream
 
 pa = lazy_module("pyarrow", globals(), "pa")  # Parquet and Arrow shards only: a tar read never imports it
@@ -74,7 +75,7 @@ class TarShardReader:
                 self.budget_bytes = decompressed.acquire(len(self.data), path)
             if table is None:
                 try:
-                    table, meta = read_sidecar(path + SIDECAR_SUFFIX, path)
+                    table, meta = read_sidecar_once(path + SIDECAR_SUFFIX, path)
                 except FileNotFoundError:
                     if require_sidecar:
                         raise ShardError(path, f"sidecar {os.path.basename(path)}{SIDECAR_SUFFIX} is missing: "
@@ -92,7 +93,7 @@ class TarShardReader:
                         raise ShardError(path, f"sidecar was written for another version of the shard (hash "
                                                f"{recorded!r}, the index says {expected_hash!r}): the shard was "
                                                "replaced after it was committed")
-            table.validate(path, len(self.data))
+            validate_once(table, path, len(self.data))  # a table read before was checked against this size
         except BaseException:
             if isinstance(self.data, mmap.mmap):
                 try:

@@ -131,6 +131,7 @@ class LoaderCache:
         self.held = self.spec.limit_bytes // max(1, int(sizes.min()) if len(sizes) else 1)
         self.plan_len = int(min(len(sizes), LOOKAHEAD_SHARDS, 2 * self.held + 2))
         self.prefetcher: PlanPrefetcher | None = None
+        self.busy = 0  # steps past the consumer's the workers read already: sample prefetches start after them
         self.policy = None
         self.estimate: dict | None = None
 
@@ -160,7 +161,7 @@ class LoaderCache:
         self.moved(pos)
 
     def moved(self, pos: dict) -> None:
-        self.prefetcher.moved(pos, step_key(pos["epoch"], pos["step"]))
+        self.prefetcher.moved(pos, step_key(pos["epoch"], pos["step"] + (self.busy if self.policy else 0)))
 
     def _plan(self, pos: dict):
         self.feed.reset(pos)
@@ -199,13 +200,13 @@ class LoaderCache:
                                   "smaller batches", needed)
 
     def _plan_samples(self, pos: dict):
-        """(upcoming shards, near samples by shard) for SamplePrefetcher: the near samples are
-        those of this rank's next NEAR_STEPS steps, into the next epoch at the end of this one
-        (feed.near), so the first steps of an epoch are prefetched while the last ones are read."""
+        """(upcoming shards, near samples by shard) for SamplePrefetcher: the near samples are those
+        of this rank's NEAR_STEPS steps after the ``busy`` ones its workers read already (bringing those
+        would race the readers), into the next epoch at the end of this one (feed.near)."""
         upcoming = [(ref, step) for ref, step, _ in self._plan(pos)]
         index = self.ds.index
         near: dict[int, list] = {}  # shard -> [ref, first step, [local ids], [their steps]], in order of first use
-        for epoch, step, bs, ids in self.feed.near(NEAR_STEPS):
+        for epoch, step, bs, ids in self.feed.near(NEAR_STEPS, self.busy):
             shard, local = index.locate(ids)
             steps_of = step_key(epoch, step) + np.arange(len(ids), dtype=np.int64) // bs
             uniq, first = np.unique(shard, return_index=True)

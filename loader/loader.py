@@ -167,6 +167,8 @@ class Loader:
         if self._cache is not None:
             if self.num_workers and self._cache.prefetcher is None:
                 self._start_pool()  # fork while no prefetch thread runs (one could hold a lock the child needs)
+            # workers read the steps after the consumer's (one each, up to prefetch x workers in flight)
+            self._cache.busy = min(self.num_workers, self.num_workers * self.prefetch - 1)
             try:
                 self._cache.start(self._pos)
             except BaseException:

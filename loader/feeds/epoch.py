@@ -185,14 +185,16 @@ class EpochFeed(Feed):
             epoch, step, history = epoch + 1, 0, ()
         return out
 
-    def near(self, steps: int) -> list[tuple[int, int, int, np.ndarray]]:
+    def near(self, steps: int, skip: int = 0) -> list[tuple[int, int, int, np.ndarray]]:
         """The samples of this rank's next ``steps`` steps from the current position, crossing
         into the next epoch at the end of this one (its plan is a pure function of the seed
         and the epoch, so a prefetcher can bring its first steps while this one ends): a list
-        of ``(epoch, first step, batch size, sample ids)``, one per epoch touched. A caller
+        of ``(epoch, first step, batch size, sample ids)``, one per epoch touched. ``skip``:
+        start that many steps later, at most at this epoch's end (the steps a Loader's workers are
+        reading already: they do not read past the epoch). A caller
         that goes elsewhere (``set_epoch`` to another epoch) only wasted the prefetch."""
         out = []
-        epoch, step, history, left = self.epoch, self.step, self.history, int(steps)
+        epoch, step, history, left = self.epoch, self.step + max(0, int(skip)), self.history, int(steps)
         for k in range(2):
             try:
                 plan, bs = self.plan(epoch, history), self.batch_size(epoch)
