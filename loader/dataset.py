@@ -19,13 +19,12 @@ import numpy as np
 import torch.utils.data
 
 from shardfeed.formats import ShardError, open_index
-from shardfeed.formats.engine.batch import check_read_mode
+from shardfeed.formats.engine.read_modes import check_read_mode
 from shardfeed.formats.errors import ReadError
 from shardfeed.formats.index import INDEX_NAME, LOG_DIR, DatasetIndex
 from shardfeed.formats.lazy import gc_paused
 from shardfeed.loader import state as _state
 from shardfeed.loader import topology as _topology
-from shardfeed.loader.batcher import BatchMaker
 from shardfeed.loader.errors import ErrorPolicy
 from shardfeed.loader.feeds import IDLE_TIMEOUT_S, POLL_S
 from shardfeed.loader.feeds.epoch import EpochFeed
@@ -34,7 +33,8 @@ from shardfeed.shuffling import Order
 from shardfeed.shuffling.spec import Job, PlanSpec
 from shardfeed.shuffling.workers import steps_of
 
-if TYPE_CHECKING:  # a followed stream's feed, imported when one is followed (not on a plain read)
+if TYPE_CHECKING:  # the read path and a followed stream's feed, imported when used (issue #24)
+    from shardfeed.loader.batcher import BatchMaker
     from shardfeed.loader.feeds.follow import FollowFeed
     from shardfeed.loader.feeds.stream_log import RegrowMaker
 
@@ -278,6 +278,8 @@ class ShardDataset(torch.utils.data.IterableDataset):
               readers: int = 1, ranges: bool = True) -> BatchMaker | RegrowMaker:
         """What reads this dataset's batches in one process; ``readers``: how many
         processes read at once (sizes what each keeps open in the cache)."""
+        from shardfeed.loader.batcher import BatchMaker  # the read path: imported at the first read (issue #24)
+
         cached = None
         if self.cache is not None and self.follow:
             from shardfeed.loader.remote_follow import FollowedShards

@@ -59,13 +59,21 @@ def _package_dirs() -> list[str]:
 
 
 def _sources(dirs) -> list[tuple[str, str]]:
-    """(name relative to its folder, path) of every .py file under ``dirs``, in a fixed order."""
-    out = []
+    """(name relative to its folder, path) of every .py file under ``dirs``, in a fixed order: a folder's
+    files by name, then its subfolders by name (os.walk's order; scandir without its relpath calls is
+    about twice as fast, and every fresh process's first kernel call pays this)."""
+    out: list = []
+
+    def walk(top: str, rel: str) -> None:
+        with os.scandir(top) as it:
+            entries = sorted(it, key=lambda e: e.name)
+        out.extend((rel + e.name, e.path) for e in entries if e.name.endswith(".py") and not e.is_dir())
+        for e in entries:
+            if e.is_dir() and not e.is_symlink() and e.name != "__pycache__":  # os.walk: no links followed
+                walk(e.path, rel + e.name + os.sep)
+
     for d in dirs:
-        for top, subdirs, names in os.walk(d):
-            subdirs[:] = sorted(s for s in subdirs if s != "__pycache__")
-            out += [(os.path.relpath(os.path.join(top, n), d), os.path.join(top, n)) for n in sorted(names)
-                    if n.endswith(".py")]
+        walk(d, "")
     return out
 
 
