@@ -160,9 +160,7 @@ class Loader:
         return self._iterate(self._gen)
 
     def _iterate(self, gen: int):
-        # the read path's modules (collate, the batch reader, the kernels) are imported at the first
-        # iteration, not with the Loader's name: ``from shardfeed.loader import Loader`` stays cheap (issue #24)
-        from shardfeed.loader.collate import materialize
+        from shardfeed.loader.collate import materialize  # the read path: at the first iteration (issue #24)
 
         feed = self.feed
         feed.reset(self._pos)
