@@ -7,7 +7,7 @@ batch's info, counted and logged by the loader's ErrorPolicy.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from shardfeed.formats.records import FrozenSlotRecord
 
 
 class ShardError(Exception):
@@ -27,15 +27,19 @@ class ShardError(Exception):
         return (type(self), (self.shard, self.reason))
 
 
-@dataclass(frozen=True)
-class ReadError:
+class ReadError(FrozenSlotRecord):
     """Samples left out of a batch: ``samples`` of them, from the shard at
     ``shard`` (path or URL), for ``reason``. Travels from worker processes to
     the main process as a value (it pickles)."""
 
-    shard: str
-    reason: str
-    samples: int
+    # a frozen slot record, not a dataclass: the same fields, repr, ==, hash and immutability, without
+    # compiling generated methods at import (issue #24)
+    __slots__ = __match_args__ = ("shard", "reason", "samples")
+
+    def __init__(self, shard: str, reason: str, samples: int):
+        self._set("shard", shard)
+        self._set("reason", reason)
+        self._set("samples", samples)
 
     @classmethod
     def of(cls, error: ShardError, samples: int) -> ReadError:

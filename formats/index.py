@@ -17,7 +17,7 @@ import json
 import os
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -26,6 +26,9 @@ from shardfeed.formats.index_seal import UNSEALED, check_seal, seal
 from shardfeed.formats.lazy import lazy_module
 from shardfeed.formats.sidecar import decode_dictionary, fixed_width_values, table_digest
 from shardfeed.formats.sources import ShardPath, expand_source, is_pattern
+
+if TYPE_CHECKING:
+    from shardfeed.formats.shard_info import ShardInfo
 
 # writing, and reading an index own_tables.py declines; a good index is read without it
 pa = lazy_module("pyarrow", globals(), "pa")
@@ -38,13 +41,14 @@ MAX_COUNT = 1 << 62  # samples or bytes of a whole dataset; more is a forged ind
 FORMATS = ("tar", "tar.gz", "tar.zst", "parquet", "arrow")
 
 
-@dataclass(frozen=True)
-class ShardInfo:
-    name: str  # path relative to the dataset root, POSIX separators
-    format: str
-    samples: int
-    bytes: int
-    hash: str  # hex digest, HASH_ALGO
+def __getattr__(name: str):
+    # ShardInfo is defined on first use (shard_info.py says why); this module's own code imports it there too
+    if name == "ShardInfo":
+        from shardfeed.formats.shard_info import ShardInfo
+
+        globals()["ShardInfo"] = ShardInfo
+        return ShardInfo
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def check_shard_name(name: str, where: str) -> str:
@@ -131,6 +135,8 @@ class DatasetIndex:
         return int(self.sizes.sum())
 
     def shard(self, i: int) -> ShardInfo:
+        from shardfeed.formats.shard_info import ShardInfo
+
         return ShardInfo(self.names[i], self.formats[i], int(self.counts[i]), int(self.sizes[i]), self.hashes[i])
 
     def path(self, i: int) -> str:
@@ -319,15 +325,18 @@ def open_index(source, follow_log: bool = True, on_error: str = "raise") -> Data
     if on_error not in ON_ERROR:
         raise ValueError(f"on_error={on_error!r} is not one of {ON_ERROR}; use 'raise' to stop at the first "
                          "unreadable shard or 'skip' to leave it out and record it")
-    from shardfeed.formats.index_scan import index_of_shards, scan_foreign  # it builds on this module
-
+    # index_scan builds on this module, and commit_log too: both imported only where a read needs them, so a
+    # folder with an index and no log imports neither (nor defines ShardInfo; issue #24)
     if isinstance(source, (list, tuple)):
+        from shardfeed.formats.index_scan import index_of_shards
+
         return index_of_shards(expand_source(source), follow_log, on_error)
     root = _local_root(os.fspath(source))
-    if os.path.isfile(root):
-        return index_of_shards([ShardPath(root, True, root)], follow_log, on_error)
-    if not os.path.exists(root) and is_pattern(root):
-        return index_of_shards(expand_source(root), follow_log, on_error)
+    if os.path.isfile(root) or (not os.path.exists(root) and is_pattern(root)):
+        from shardfeed.formats.index_scan import index_of_shards
+
+        return index_of_shards([ShardPath(root, True, root)] if os.path.isfile(root) else expand_source(root),
+                               follow_log, on_error)
     if not os.path.isdir(root):
         raise ShardError(root, "dataset not found (no such folder or file)")
     path = os.path.join(root, INDEX_NAME)
@@ -342,10 +351,18 @@ def open_index(source, follow_log: bool = True, on_error: str = "raise") -> Data
             shards = sorted(n for n in os.listdir(root) if n.endswith((".tar", ".tgz", ".tar.gz", ".tar.zst")))
             if not shards:
                 raise ShardError(root, f"no {INDEX_NAME}, no commit log and no tar shards here")
+            from shardfeed.formats.index_scan import scan_foreign
+
             return scan_foreign(root, shards, on_error)
-    from shardfeed.formats.commit_log import read_commits  # it builds on this module
-    view = read_commits(root, after=log_seq) if follow_log else None  # the log's fields are the index's too
-    entries, fields = (view.shards, list(dict.fromkeys([*fields, *view.fields]))) if view else ([], fields)
+    entries = []
+    if follow_log:  # the log's fields are the index's too
+        view = None
+        if os.path.lexists(os.path.join(root, LOG_DIR)):  # nothing there: no entries (read_commits finds none)
+            from shardfeed.formats.commit_log import read_commits
+
+            view = read_commits(root, after=log_seq)
+        entries, fields = (view.shards, list(dict.fromkeys([*fields, *view.fields]))) if view else \
+            ([], list(dict.fromkeys(fields)))
     if os.path.isdir(os.path.join(root, LOG_DIR)):
         check_unique_names(list(names) + [e.name for _, e in entries], root)
     if entries:

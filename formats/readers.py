@@ -18,8 +18,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from shardfeed.formats.arrow_checksums import check_batch
-from shardfeed.formats.engine import decompress_ahead, decompressed
+from shardfeed.formats.engine import decompressed
 from shardfeed.formats.errors import ShardError
 from shardfeed.formats.files import check_regular, open_regular
 from shardfeed.formats.lazy import lazy_module
@@ -29,6 +28,8 @@ from shardfeed.formats.tar_stream import load_tar_stream
 
 pa = lazy_module("pyarrow", globals(), "pa")  # Parquet and Arrow shards only: a tar read never imports it
 
+# compressed tar shards only: a process that reads plain tar never imports it (issue #24)
+decompress_ahead = lazy_module("shardfeed.formats.engine.decompress_ahead", globals(), "decompress_ahead")
 _CHUNK = 8 << 20  # read size while hashing a shard
 
 
@@ -251,6 +252,8 @@ class ColumnarShardReader:
                 raise ValueError(f"holds {batch.num_rows} rows, metadata says "
                                  f"{self.group_start[g + 1] - self.group_start[g]}")
             if self._pf is None and self.verify:
+                from shardfeed.formats.arrow_checksums import check_batch  # columnar shards only (issue #24)
+
                 check_batch(self.path, g, self._schema_meta, batch_meta, batch)
         except _footer_errors() as e:
             raise ShardError(self.path, f"row group {g} is unreadable: {type(e).__name__}: {e}") from e
@@ -298,16 +301,18 @@ class ColumnarShardReader:
 def open_shard(index, i: int, path: str | None = None, verify: bool = True):
     """A reader for shard ``i`` of ``index`` (``path`` overrides where it lives,
     e.g. a cached local copy)."""
-    info = index.shard(i)
+    # the index's columns, not index.shard(i): a ShardInfo per shard would define that dataclass on every
+    # first read (shard_info.py, issue #24)
+    fmt, size, samples = index.formats[i], int(index.sizes[i]), int(index.counts[i])
     path = path or index.path(i)
-    if info.format in ("parquet", "arrow"):
-        return ColumnarShardReader(path, info.format, expected_bytes=info.bytes, verify=verify)
+    if fmt in ("parquet", "arrow"):
+        return ColumnarShardReader(path, fmt, expected_bytes=size, verify=verify)
     table = index.tables.get(i)
-    reader = TarShardReader(path, info.format, table=table, expected_bytes=info.bytes, verify=verify,
-                            require_sidecar=table is None, expected_hash=info.hash)
-    if len(reader) != info.samples:
+    reader = TarShardReader(path, fmt, table=table, expected_bytes=size, verify=verify,
+                            require_sidecar=table is None, expected_hash=index.hashes[i])
+    if len(reader) != samples:
         reader.close()
-        raise ShardError(path, f"shard holds {len(reader)} samples but the index says {info.samples}")
+        raise ShardError(path, f"shard holds {len(reader)} samples but the index says {samples}")
     return reader
 
 

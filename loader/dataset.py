@@ -19,24 +19,24 @@ import numpy as np
 import torch.utils.data
 
 from shardfeed.formats import ShardError, open_index
-from shardfeed.formats.commit_log import open_stream_index
-from shardfeed.formats.engine.batch import check_read_mode
+from shardfeed.formats.engine.read_modes import check_read_mode
 from shardfeed.formats.errors import ReadError
 from shardfeed.formats.index import INDEX_NAME, LOG_DIR, DatasetIndex
 from shardfeed.formats.lazy import gc_paused
 from shardfeed.loader import state as _state
 from shardfeed.loader import topology as _topology
-from shardfeed.loader.batcher import BatchMaker
 from shardfeed.loader.errors import ErrorPolicy
+from shardfeed.loader.feeds import IDLE_TIMEOUT_S, POLL_S
 from shardfeed.loader.feeds.epoch import EpochFeed
-from shardfeed.loader.feeds.stream_log import IDLE_TIMEOUT_S, POLL_S, RegrowMaker, stream_index
 from shardfeed.loader.schedule import BatchSchedule
 from shardfeed.shuffling import Order
 from shardfeed.shuffling.spec import Job, PlanSpec
 from shardfeed.shuffling.workers import steps_of
 
-if TYPE_CHECKING:  # a followed stream's feed, imported when one is followed (not on a plain read)
+if TYPE_CHECKING:  # the read path and a followed stream's feed, imported when used (issue #24)
+    from shardfeed.loader.batcher import BatchMaker
     from shardfeed.loader.feeds.follow import FollowFeed
+    from shardfeed.loader.feeds.stream_log import RegrowMaker
 
 _BLOCK = 64  # positions per block when a torch DataLoader's workers split a plan
 
@@ -278,6 +278,8 @@ class ShardDataset(torch.utils.data.IterableDataset):
               readers: int = 1, ranges: bool = True) -> BatchMaker | RegrowMaker:
         """What reads this dataset's batches in one process; ``readers``: how many
         processes read at once (sizes what each keeps open in the cache)."""
+        from shardfeed.loader.batcher import BatchMaker  # the read path: imported at the first read (issue #24)
+
         cached = None
         if self.cache is not None and self.follow:
             from shardfeed.loader.remote_follow import FollowedShards
@@ -297,6 +299,8 @@ class ShardDataset(torch.utils.data.IterableDataset):
                            readers=readers)
         if not self.follow:
             return maker
+        from shardfeed.loader.feeds.stream_log import RegrowMaker, stream_index  # a followed dataset only
+
         root = self.index.root
         regrow = functools.partial(stream_index, root)
         if self.__dict__.get("_mirror") is not None:
@@ -355,6 +359,8 @@ def _stream_index(folder: str) -> DatasetIndex:
     may start before its writer: its feed waits for the dataset under the idle timeout)."""
     if not (os.path.exists(os.path.join(folder, INDEX_NAME)) or os.path.isdir(os.path.join(folder, LOG_DIR))):
         return DatasetIndex(folder, [], [], [], [], [], (), {"folded_seq": 0, "seen_seq": 0})
+    from shardfeed.formats.commit_log import open_stream_index  # a followed dataset only
+
     return open_stream_index(folder)[0]
 
 

@@ -26,15 +26,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from shardfeed.formats.engine.split_gather import threads_allowed
 from shardfeed.formats.lazy import first_gc_paused
 from shardfeed.loader import autotune
 from shardfeed.loader import state as _state
 from shardfeed.loader.batch_seeds import maker_of, set_batch
-from shardfeed.loader.collate import check_bytes_as, materialize
 from shardfeed.loader.dataset import ShardDataset
 from shardfeed.loader.schedule import BatchSchedule, Stage
 from shardfeed.loader.stats import LoaderStats
+from shardfeed.loader.views import check_bytes_as
 from shardfeed.shuffling.workers import worker_of
 
 if TYPE_CHECKING:  # the worker processes' module (multiprocessing, pipes, shm): imported when workers start
@@ -161,6 +160,8 @@ class Loader:
         return self._iterate(self._gen)
 
     def _iterate(self, gen: int):
+        from shardfeed.loader.collate import materialize  # the read path: at the first iteration (issue #24)
+
         feed = self.feed
         feed.reset(self._pos)
         self.dataset.image_size = feed.stage().image_size
@@ -236,6 +237,8 @@ class Loader:
     def _allow_threads(self) -> None:
         reader = getattr(self._maker, "reader", None)
         if hasattr(reader, "allow_threads"):  # this process reads alone: a free core may take half a batch
+            from shardfeed.formats.engine.split_gather import threads_allowed
+
             reader.allow_threads(threads_allowed())
 
     def _worker_batches(self, feed):

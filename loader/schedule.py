@@ -10,7 +10,8 @@ close the shards they hold open.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+
+from shardfeed.formats.records import FrozenSlotRecord
 
 
 def _check_bs(value, where: str):
@@ -29,17 +30,18 @@ def _check_bs(value, where: str):
     raise TypeError(f"{where}: batch size must be an int or a non-empty list of ints (one per rank), got {value!r}")
 
 
-@dataclass(frozen=True)
-class Stage:
+class Stage(FrozenSlotRecord):
     """``batch_size``: int or tuple (one per rank); ``image_size``: decode/transform
     target or None; ``epochs``: how long the stage lasts in a BatchSchedule."""
 
-    batch_size: int | tuple
-    image_size: int | None = None
-    epochs: int = 1
+    # a frozen slot record, not a dataclass: the same fields, repr, ==, hash and immutability, without
+    # compiling generated methods at import (issue #24)
+    __slots__ = __match_args__ = ("batch_size", "image_size", "epochs")
 
-    def __post_init__(self):
-        object.__setattr__(self, "batch_size", _check_bs(self.batch_size, "Stage"))
+    def __init__(self, batch_size: int | tuple, image_size: int | None = None, epochs: int = 1):
+        self._set("batch_size", _check_bs(batch_size, "Stage"))
+        self._set("image_size", image_size)
+        self._set("epochs", epochs)
         if self.image_size is not None and (isinstance(self.image_size, bool) or not isinstance(self.image_size, int)
                                             or self.image_size < 1):
             raise ValueError(f"Stage.image_size={self.image_size!r} must be None or an int >= 1")

@@ -15,11 +15,10 @@ samples every one of its ranks had consumed.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 
-from shardfeed.formats.records import SlotRecord
+from shardfeed.formats.records import FrozenSlotRecord, SlotRecord
 from shardfeed.shuffling.ids import check_counts
 from shardfeed.shuffling.orders import Order
 from shardfeed.shuffling.plan import DEFAULT_BLOCK_SHARDS, DEFAULT_BUFFER_SIZE, EpochPlan, make_plan
@@ -78,22 +77,23 @@ class Job(SlotRecord):
         return [self.world_size, list(self.batch_sizes) if self.batch_sizes is not None else None]
 
 
-@dataclass(frozen=True)
-class PlanSpec:
+class PlanSpec(FrozenSlotRecord):
     """What a run shuffles and how: the inputs of every plan except the job and epoch."""
 
-    counts: np.ndarray = field(repr=False, compare=False)
-    order: Order = Order.GLOBAL
-    seed: int = 0
-    drop_last: bool = False
-    locality: bool = False
-    block_shards: int = DEFAULT_BLOCK_SHARDS
-    buffer_size: int = DEFAULT_BUFFER_SIZE
-    start: int | None = None
+    # a frozen slot record, not a dataclass (issue #24); counts are left out of repr, == and hash, as the
+    # dataclass's field(repr=False, compare=False) did
+    __slots__ = __match_args__ = ("counts", "order", "seed", "drop_last", "locality", "block_shards", "buffer_size",
+                                  "start")
+    _hidden = ("counts",)
 
-    def __post_init__(self):
-        object.__setattr__(self, "counts", check_counts(self.counts))
-        object.__setattr__(self, "order", Order(self.order))
+    def __init__(self, counts: np.ndarray, order: Order = Order.GLOBAL, seed: int = 0, drop_last: bool = False,
+                 locality: bool = False, block_shards: int = DEFAULT_BLOCK_SHARDS,
+                 buffer_size: int = DEFAULT_BUFFER_SIZE, start: int | None = None):
+        self._set("counts", check_counts(counts))
+        self._set("order", Order(order))
+        for name, value in (("seed", seed), ("drop_last", drop_last), ("locality", locality),
+                            ("block_shards", block_shards), ("buffer_size", buffer_size), ("start", start)):
+            self._set(name, value)
         if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)):
             raise TypeError(f"seed must be an int, got {self.seed!r}")
         if self.locality and self.order is not Order.GLOBAL:

@@ -8,11 +8,11 @@ plan can be tested for any world size without a cluster.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+
+from shardfeed.formats.records import FrozenSlotRecord
 
 
-@dataclass(frozen=True)
-class Topology:
+class Topology(FrozenSlotRecord):
     """rank, world_size, optional per-rank weights and ranks per node.
 
     ``weights``: one positive int per rank, e.g. the per-rank batch sizes of
@@ -25,12 +25,16 @@ class Topology:
     smaller when it does not divide world_size.
     """
 
-    rank: int = 0
-    world_size: int = 1
-    weights: tuple[int, ...] | None = None
-    ranks_per_node: int | None = None
+    # a frozen slot record, not a dataclass: the same fields, repr, ==, hash and immutability, without
+    # compiling generated methods at import (issue #24)
+    __slots__ = __match_args__ = ("rank", "world_size", "weights", "ranks_per_node")
 
-    def __post_init__(self):
+    def __init__(self, rank: int = 0, world_size: int = 1, weights: tuple[int, ...] | None = None,
+                 ranks_per_node: int | None = None):
+        self._set("rank", rank)
+        self._set("world_size", world_size)
+        self._set("weights", weights)
+        self._set("ranks_per_node", ranks_per_node)
         for name in ("rank", "world_size"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int):
@@ -46,7 +50,7 @@ class Topology:
             for i, x in enumerate(w):
                 if isinstance(x, bool) or not isinstance(x, int) or x < 1:
                     raise ValueError(f"weights[{i}]={x!r} must be a positive int (e.g. that rank's batch size)")
-            object.__setattr__(self, "weights", w)
+            self._set("weights", w)
         if self.ranks_per_node is not None:
             rpn = self.ranks_per_node
             if isinstance(rpn, bool) or not isinstance(rpn, int) or not 1 <= rpn <= self.world_size:

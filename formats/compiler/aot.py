@@ -151,15 +151,23 @@ def load(folder: str, key: str) -> Loaded | None:
 class Kernel:
     """A jitted function served by the compiled module while its types match."""
 
-    def __init__(self, fn, options: dict, loaded: Loaded | None):
+    def __init__(self, fn, options: dict, loaded):
+        """``loaded``: the compiled module (Loaded or None), or a function that returns it, called at the
+        first call of the kernel (so a process that imports kernels but runs none never loads it)."""
         self.py_func = self.__wrapped__ = fn
         self.options = options
         self.name = f"{fn.__module__}:{fn.__qualname__}"
         self.__name__, self.__qualname__, self.__doc__, self.__module__ = (
             fn.__name__, fn.__qualname__, fn.__doc__, fn.__module__)
+        self.jitted = None
+        if callable(loaded):
+            self.variants, self.built = _Pending(self, loaded), False
+        else:
+            self._take(loaded)
+
+    def _take(self, loaded: Loaded | None) -> None:
         self.variants = loaded.variants(self.name) if loaded is not None else {}
         self.built = loaded is not None
-        self.jitted = None
 
     def bind(self, dispatcher) -> None:
         self.jitted = dispatcher
@@ -182,6 +190,23 @@ class Kernel:
     def __reduce__(self):
         # by name, as numba pickles a dispatcher: the compiled module is not importable by its own name
         return _kernel, (self.py_func.__module__, self.py_func.__qualname__)
+
+
+class _Pending:
+    """A kernel's ``variants`` until its first call: that call's lookup loads the compiled module and puts
+    the real table in its place, so a call costs the same as before (no "loaded yet?" test on every call)."""
+
+    __slots__ = ("kernel", "load")
+
+    def __init__(self, kernel: Kernel, load):
+        self.kernel, self.load = kernel, load
+
+    def get(self, types):
+        self.kernel._take(self.load())
+        return self.kernel.variants.get(types)
+
+    def __len__(self) -> int:
+        return len(self.load().variants(self.kernel.name)) if self.load() is not None else 0
 
 
 def _kernel(module: str, qualname: str):

@@ -1,6 +1,6 @@
 """``njit``: shardfeed's kernels, ahead-of-time compiled when possible, else numba's JIT.
 
-Two ways to run a kernel, chosen once when this module is imported:
+Two ways to run a kernel, chosen once, at the first kernel call (not at import):
 
 - AOT: ``python -m shardfeed.tools.warm`` (run by ``make venv``; also
   ``shardfeed warm``) compiles every signature the kernels were called with
@@ -59,13 +59,21 @@ def _package_dirs() -> list[str]:
 
 
 def _sources(dirs) -> list[tuple[str, str]]:
-    """(name relative to its folder, path) of every .py file under ``dirs``, in a fixed order."""
-    out = []
+    """(name relative to its folder, path) of every .py file under ``dirs``, in a fixed order: a folder's
+    files by name, then its subfolders by name (os.walk's order; scandir without its relpath calls is
+    about twice as fast, and every fresh process's first kernel call pays this)."""
+    out: list = []
+
+    def walk(top: str, rel: str) -> None:
+        with os.scandir(top) as it:
+            entries = sorted(it, key=lambda e: e.name)
+        out.extend((rel + e.name, e.path) for e in entries if e.name.endswith(".py") and not e.is_dir())
+        for e in entries:
+            if e.is_dir() and not e.is_symlink() and e.name != "__pycache__":  # os.walk: no links followed
+                walk(e.path, rel + e.name + os.sep)
+
     for d in dirs:
-        for top, subdirs, names in os.walk(d):
-            subdirs[:] = sorted(s for s in subdirs if s != "__pycache__")
-            out += [(os.path.relpath(os.path.join(top, n), d), os.path.join(top, n)) for n in sorted(names)
-                    if n.endswith(".py")]
+        walk(d, "")
     return out
 
 
@@ -126,11 +134,19 @@ def memo_source_key(dirs, memo: str | None = None) -> str:
     return key
 
 
-KEY = memo_source_key(_package_dirs())
+_lazy: dict = {}  # "KEY", "AOT" once computed (module __getattr__ below)
+
+
+def key() -> str:
+    """These sources' key (``KEY``): computed at the first use, not at import (issue #24)."""
+    k = _lazy.get("KEY")
+    if k is None:
+        k = _lazy["KEY"] = memo_source_key(_package_dirs())
+    return k
 
 
 def cache_dir() -> str:
-    return os.path.join(_base(), KEY)
+    return os.path.join(_base(), key())
 
 
 def aot_dir() -> str:
@@ -176,13 +192,30 @@ def _load_aot():
         return None
     from shardfeed.formats.compiler import aot
 
-    loaded = aot.load(aot_dir(), KEY)
+    loaded = aot.load(aot_dir(), key())
     if loaded is not None:
         touch_used(cache_dir())
     return loaded
 
 
-AOT = _load_aot()  # the loaded module (aot.Loaded), or None: JIT mode
+def aot_module():
+    """The compiled module (``AOT``: an aot.Loaded, or None: JIT mode), loaded at the first kernel call
+    rather than when a module with kernels is imported: finding it (the sources' key, ~70 stats) and
+    loading it cost ~6 ms, which ``import shardfeed.loader`` no longer pays (issue #24)."""
+    if "AOT" not in _lazy:
+        with _lock:
+            if "AOT" not in _lazy:
+                _lazy["AOT"] = _load_aot()
+    return _lazy["AOT"]
+
+
+def __getattr__(name: str):
+    # KEY and AOT read as module attributes, as before, computed on first use
+    if name == "KEY":
+        return key()
+    if name == "AOT":
+        return aot_module()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _jit(fn, options):
@@ -241,7 +274,7 @@ def njit(fn=None, **options):
             return _jit(f, options)
         from shardfeed.formats.compiler import aot
 
-        k = aot.Kernel(f, options, AOT)
+        k = aot.Kernel(f, options, aot_module)
         REGISTRY.append(k)
         return k
 

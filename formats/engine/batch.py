@@ -31,7 +31,6 @@ import numpy as np
 import xxhash
 
 from shardfeed.formats.compiler.native import hash_fn, preadv_fn
-from shardfeed.formats.engine import columns
 from shardfeed.formats.engine.kernels import parse_ints, tar_sizes, warm
 from shardfeed.formats.engine.kernels_batch import NROWS, tar_layout
 from shardfeed.formats.engine.open_shards import MAX_OPEN_SHARDS, OpenShards, TarView
@@ -40,6 +39,9 @@ from shardfeed.formats.engine.read_modes import FAULT_AROUND, MAPPED_BUDGET_BYTE
 from shardfeed.formats.engine.split_gather import SplitGather
 from shardfeed.formats.engine.steady_read import SteadyRead
 from shardfeed.formats.errors import ReadError, ShardError
+from shardfeed.formats.lazy import lazy_module
+
+columns = lazy_module("shardfeed.formats.engine.columns", globals(), "columns")  # columnar shards only (issue #24)
 
 __all__ = ["BatchReader", "FAULT_AROUND", "MAPPED_BUDGET_BYTES", "MAX_OPEN_SHARDS", "READ_MODES", "RawBatch",
            "ReadError", "check_read_mode", "parse_ints"]

@@ -32,11 +32,11 @@ import os
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from shardfeed.formats.engine import decompressed
-from shardfeed.formats.engine.columns import ColumnarView
 from shardfeed.formats.engine.kernels import (
     CSUM,
     FD,
@@ -56,6 +56,9 @@ from shardfeed.formats.engine.kernels import (
 from shardfeed.formats.errors import ShardError
 from shardfeed.formats.key_blob import key_blob
 from shardfeed.formats.readers import TarShardReader, open_shard
+
+if TYPE_CHECKING:  # imported where a columnar shard is opened: a tar read never needs it
+    from shardfeed.formats.engine.columns import ColumnarView
 
 MAX_OPEN_SHARDS = 256  # default max_open: shards kept open between reads
 INITIAL_SLOTS = 8  # rows of the slot table at first; it doubles when full
@@ -221,6 +224,8 @@ class OpenShards:
                     raise
                 self.slots.add(v)
             else:
+                from shardfeed.formats.engine.columns import ColumnarView  # Parquet/Arrow only (issue #24)
+
                 v = ColumnarView(reader)
         except BaseException:
             if path is not None and self.release is not None:

@@ -18,11 +18,9 @@ import numpy as np
 
 from shardfeed.formats.commit_log import INDEX_NAME, LOG_DIR, check_new_names, open_stream_index, read_commits
 from shardfeed.formats.errors import ShardError
+from shardfeed.loader.feeds import IDLE_TIMEOUT_S, POLL_S  # noqa: F401 - named here too, as before
 from shardfeed.loader.state import stream_identity
 from shardfeed.loader.state_checks import out_of_range
-
-POLL_S = 0.5
-IDLE_TIMEOUT_S = 600.0
 
 
 class StreamLog:

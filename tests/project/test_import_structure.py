@@ -88,3 +88,59 @@ def test_first_batch_of_a_local_tar_read_imports_only_what_the_read_needs(tmp_pa
         assert [m for m in mods if m.split(".")[0] in ("pyarrow", "cloudpickle")] == [], order  # index, sidecars
         if got["aot"]:  # the compiled kernels serve: numba stays out (without them the JIT needs it)
             assert not [m for m in mods if m.startswith(("numba", "llvmlite"))]
+
+
+# what only other reads need: the commit log and streaming (a followed or growing dataset), columnar and
+# compressed shards, scanning a foreign tar, and ShardInfo (writers, the log): a local tar read with an
+# index imports none of them (issue #24)
+NOT_FOR_A_TAR_READ = ("shardfeed.formats.commit_log", "shardfeed.loader.feeds.stream_log",
+                      "shardfeed.formats.engine.columns", "shardfeed.formats.engine.group_share",
+                      "shardfeed.formats.staging", "shardfeed.formats.arrow_checksums",
+                      "shardfeed.formats.engine.decompress_ahead", "shardfeed.formats.index_scan",
+                      "shardfeed.formats.shard_info")
+
+# counts what a fresh process builds at start-up: dataclasses (each compiles its generated methods) and
+# the compiled kernel module (found through a hash of ~70 files' stats, then loaded)
+_COUNTING = ("import dataclasses, json, sys, torch\n"
+             "built, process = [], dataclasses._process_class\n"
+             "def counted(cls, *a, **k):\n"
+             "    if cls.__module__.startswith('shardfeed.'):  # ours (numba's JIT, without the kernels, has its own)\n"
+             "        built.append(cls.__module__ + '.' + cls.__qualname__)\n"
+             "    return process(cls, *a, **k)\n"
+             "dataclasses._process_class = counted\n"
+             "before = set(sys.modules)\n"
+             "from shardfeed.loader import Loader, ShardDataset\n")
+_COUNTED = ("added = sorted(set(sys.modules) - before)\n"
+            "print(json.dumps({'dataclasses': built, 'mods': added}))\n")
+
+
+@pytest.mark.parametrize("aot", ["1", "0"])
+def test_importing_loader_and_dataset_builds_no_dataclass_and_loads_no_kernel_module(aot):
+    got = _fresh(_COUNTING + "imported = sorted(set(sys.modules) - before)\n"
+                 "from shardfeed.formats.compiler import jit\n"
+                 "made = vars(jit).get('_lazy', vars(jit))  # computed so far (before: at import)\n"
+                 "print(json.dumps({'dataclasses': built, 'mods': imported, 'made': [k for k in ('KEY', 'AOT') "
+                 "if k in made]}))",
+                 SHARDFEED_AOT=aot)
+    assert got["dataclasses"] == []
+    assert [m for m in got["mods"] if m.startswith("sf_aot_")] == []  # loaded at the first kernel call
+    assert got["made"] == []  # nor is the sources' key computed
+    assert sorted(set(got["mods"]) & set(NOT_FOR_A_TAR_READ)) == []
+    assert sorted(set(got["mods"]) & set(READ_PATH)) == []  # imported at the first read
+
+
+# the read path: imported at the first batch, not with the names of Loader and ShardDataset
+READ_PATH = ("shardfeed.formats.engine.batch", "shardfeed.formats.engine.kernels", "shardfeed.loader.batcher",
+             "shardfeed.loader.collate", "shardfeed.formats.readers")
+
+
+def test_the_first_batch_of_a_local_tar_read_builds_no_dataclass(tmp_path):
+    with ShardWriter(str(tmp_path), format="tar", max_shard_samples=100) as w:
+        for i in range(300):
+            w.write({"__key__": f"{i:05d}", "bin": bytes([i % 251]) * 64, "cls": i})
+    for order in ("global", "none"):
+        got = _fresh(_COUNTING + f"b = next(iter(Loader(ShardDataset({str(tmp_path)!r}, shuffle={order!r}), "
+                     "batch_size=64)))\nassert len(b['__key__']) == 64, b\n" + _COUNTED)
+        assert sorted(set(READ_PATH) - set(got["mods"])) == []  # the read did happen, through the batch reader
+        assert got["dataclasses"] == [], order
+        assert sorted(set(got["mods"]) & set(NOT_FOR_A_TAR_READ)) == [], order
