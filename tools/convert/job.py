@@ -40,12 +40,9 @@ from another host sharing the folder, is never touched.
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
-import queue
 import re
 import shutil
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -55,10 +52,11 @@ import numpy as np
 from shardfeed.formats import ShardError, ShardInfo, ShardWriter, write_index
 from shardfeed.formats.columnar_values import typed_for_columnar
 from shardfeed.formats.sidecar import SIDECAR_SUFFIX
-from shardfeed.formats.staging import SignalsHeld, check_destination, publish_stage, remove_stale_stages, stage_path
+from shardfeed.formats.staging import check_destination, publish_stage, remove_stale_stages, stage_path
 from shardfeed.tools.convert.order import BucketShuffle, OutputOrder, bucket_samples_for
 from shardfeed.tools.convert.parts import ConvertResult, write_part_manifest
 from shardfeed.tools.convert.plan import PLAN, load_plan, measure, parts_at, save_plan, shard_ends
+from shardfeed.tools.convert.processes import run_each
 from shardfeed.tools.convert.resume import (
     StageLock,
     append_manifest,
@@ -100,7 +98,7 @@ def plan_parts(source, order, stage: str, opts: ConvertOptions, n: int) -> list[
         if workers == 1:
             sizes = [measure(source, _batches(source, order, 0, n), opts.format)]
         else:
-            sizes = _in_pool(_measure_range, [(source, order, a, b, opts.format) for a, b in ranges], lambda x: None)
+            sizes = run_each(_measure_range, [(source, order, a, b, opts.format) for a, b in ranges], lambda x: None)
         parts = parts_at(shard_ends(np.concatenate(sizes), opts.max_shard_bytes, opts.max_shard_samples), count)
         save_plan(stage, parts)
     if opts.part is not None:  # fewer shards than parts: the last parts are empty
@@ -182,35 +180,11 @@ def write_part(source, order, a: int, b: int, part_dir: str, opts: ConvertOption
 
 # --- worker processes -------------------------------------------------------
 
-_progress_queue = None
+def _run_part(source, order, a, b, part_dir, opts, emit):
+    return write_part(source, order, a, b, part_dir, opts, emit)
 
 
-def _die_with_parent() -> None:
-    """A worker outliving a parent killed outright would go on writing into the
-    stage that the rerun resumes; on Linux the kernel ends it with the parent."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return  # not Linux: a killed run's workers finish their part, then exit
-    if os.getppid() == 1:  # the parent died before prctl took effect
-        os._exit(1)
-
-
-def _init_worker(q) -> None:
-    global _progress_queue
-    _progress_queue = q
-    _die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
-
-
-def _run_part(source, order, a, b, part_dir, opts):
-    return write_part(source, order, a, b, part_dir, opts, _progress_queue.put)
-
-
-def _measure_range(source, order, a, b, fmt):
+def _measure_range(source, order, a, b, fmt, _emit):
     try:
         return measure(source, _batches(source, order, a, b), fmt)
     finally:
@@ -225,40 +199,7 @@ def _write_parts(source, order, parts, stage, opts, progress) -> list[tuple[list
         return write_parts_on_ray(source, order, parts, dirs, opts, progress, write_part)
     if len(parts) == 1:
         return [write_part(source, order, *parts[0], dirs[0], opts, progress)]
-    return _in_pool(_run_part, [(source, order, a, b, d, opts) for (a, b), d in zip(parts, dirs)], progress)
-
-
-def _in_pool(fn, calls: list[tuple], progress) -> list:
-    """``fn(*args)`` for each of ``calls``, one worker process each; results in order."""
-    # spawn, not fork: the parent may hold Arrow/numba thread pools, which fork does not copy safely.
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    # a stop while the workers start would leave each of them half-started, printing a traceback
-    # after the parent's "stopped" line: it is delivered once they are up, and stops them
-    with SignalsHeld() as held:
-        pool = ctx.Pool(len(calls), initializer=_init_worker, initargs=(q,))
-    try:
-        held.replay()
-        pending = [pool.apply_async(fn, args) for args in calls]
-        while not all(r.ready() for r in pending):
-            try:
-                progress(q.get(timeout=0.1))
-            except queue.Empty:
-                pass
-            for r in pending:
-                if r.ready() and not r.successful():
-                    r.get()  # re-raises the worker's error here
-        while True:
-            try:
-                progress(q.get_nowait())
-            except queue.Empty:
-                break
-        results = [r.get() for r in pending]
-        pool.close()
-        return results
-    finally:
-        pool.terminate()
-        pool.join()
+    return run_each(_run_part, [(source, order, a, b, d, opts) for (a, b), d in zip(parts, dirs)], progress)
 
 
 def _order(source, stage: str, opts: ConvertOptions, n: int):
