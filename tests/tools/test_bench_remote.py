@@ -32,7 +32,9 @@ def test_bench_remote_writes_a_sane_table(tmp_path):
     # itself is asserted at a real size in tests/cache/test_cache_ranges.py: on this tiny dataset the
     # prefetch window is a large, timing-dependent share of the budget (0.59-0.70x against a 0.55x bound
     # on a loaded machine), so a bound here would test the machine's load
-    assert float(ours[0]["x_dataset"]) >= 1.0
+    # the cold epoch moves every sample once: as ranges that is the samples' bytes without the tar
+    # headers before them (0.997 here), with refetches of evicted samples more
+    assert float(ours[0]["x_dataset"]) >= 0.95
     assert 0.2 < float(ours[1]["x_dataset"]) < 0.9 * float(ours[0]["x_dataset"])
     peers = {r["reader"]: r["note"] for r in rows if r["reader"] in ("MosaicML Streaming", "LitData")}
     assert set(peers) == {"MosaicML Streaming", "LitData"} and all(peers.values())
