@@ -1,5 +1,6 @@
 """Helpers for the loader tests: loaders over small datasets, the one
-save/restore checker (STYLE.md), and a per-rank simulator for topologies."""
+save/restore checker (STYLE.md), a per-rank simulator for topologies, and a
+wait for the cache's sample prefetcher to settle."""
 
 from __future__ import annotations
 
@@ -80,3 +81,19 @@ def step_together(loaders, steps=None):
             taken[r] += 1
         s += 1
     return keys, taken
+
+
+def prefetch_settled(prefetcher, timeout_s: float = 20.0) -> None:
+    """Wait until the sample prefetcher has planned the latest position and fetches nothing."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        with prefetcher._cv:
+            now = (prefetcher.passes, prefetcher.fetched_samples, len(prefetcher._inflight))
+        if now == last and now[2] == 0:
+            return
+        last = now
+        time.sleep(0.3)
+    raise AssertionError(f"the prefetcher did not settle in {timeout_s} s: {last}")

@@ -6,13 +6,12 @@ half of it, so misses come as sample ranges; every delivered sample is checked."
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
 from cache_servers import RangeServer
 from conftest import labelled_sample
+from loader_helpers import prefetch_settled
 from shardfeed.formats import ShardWriter, open_index
 from shardfeed.loader import Loader, ShardDataset
 
@@ -24,20 +23,6 @@ def _default_ranges(monkeypatch):
     from shardfeed.cache import ranged_reads
 
     monkeypatch.setattr(ranged_reads, "ENABLED", None)  # 8 KiB samples: ranges by default
-
-
-def _settled(prefetcher, timeout_s: float = 20.0) -> None:
-    """Wait until the prefetcher has planned the latest position and fetches nothing."""
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        with prefetcher._cv:
-            now = (prefetcher.passes, prefetcher.fetched_samples, len(prefetcher._inflight))
-        if now == last and now[2] == 0:
-            return
-        last = now
-        time.sleep(0.3)
-    raise AssertionError(f"the prefetcher did not settle in {timeout_s} s: {last}")
 
 
 def test_next_epochs_first_steps_are_prefetched_before_it_starts(tmp_path):
@@ -58,7 +43,7 @@ def test_next_epochs_first_steps_are_prefetched_before_it_starts(tmp_path):
             assert sorted(seen) == list(range(N))
             lc = loader._cache
             assert lc.policy is not None  # misses are fetched as ranges
-            _settled(lc.prefetcher)
+            prefetch_settled(lc.prefetcher)
             # what epoch 1's first two steps read, from its plan (not from the prefetcher's feed): the
             # prefetcher's last window, planned when the consumer stood at the end of epoch 0
             ids = loader.feed.plan(1).positions(0, 2 * BATCH)

@@ -9,13 +9,12 @@ dataset through a cache of half of it, so misses come as sample ranges."""
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
 from cache_servers import RangeServer
 from conftest import labelled_sample
+from loader_helpers import prefetch_settled
 from shardfeed.cache.ranged_reads import NEAR_STEPS
 from shardfeed.formats import ShardWriter, open_index
 from shardfeed.loader import Loader, ShardDataset
@@ -38,19 +37,6 @@ def _dataset(tmp_path, n=N, payload=PAYLOAD):
         for i in range(n):
             w.write(labelled_sample(i, payload))
     return root
-
-
-def _settled(prefetcher, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        with prefetcher._cv:
-            now = (prefetcher.passes, prefetcher.fetched_samples, len(prefetcher._inflight))
-        if now == last and now[2] == 0:
-            return
-        last = now
-        time.sleep(0.3)
-    raise AssertionError(f"the prefetcher did not settle in {timeout_s} s: {last}")
 
 
 def test_near_skips_the_steps_being_read_but_not_past_the_epoch(tmp_path):
@@ -101,7 +87,7 @@ def test_a_pass_does_not_ask_again_for_samples_it_brought(tmp_path):
             next(it)
             lc = loader._cache
             pf = lc.prefetcher
-            _settled(pf)
+            prefetch_settled(pf)
             asked: list[tuple[str, int, int]] = []
             fetcher = lc.policy.fetcher
             real = fetcher.ensure
@@ -116,7 +102,7 @@ def test_a_pass_does_not_ask_again_for_samples_it_brought(tmp_path):
                     b = next(it)
                     for k, payload in zip(b["__key__"], b["bin"]):
                         assert bytes(payload) == labelled_sample(int(k), PAYLOAD)["bin"]
-                    _settled(pf)
+                    prefetch_settled(pf)
             finally:
                 fetcher.ensure = real
             it.close()
