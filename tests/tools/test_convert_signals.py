@@ -75,9 +75,19 @@ def test_workers_results_come_in_order_and_an_error_is_raised_here():
     assert sorted(seen) == [3, 4, 5]  # each worker's events reached the parent
     with pytest.raises(ValueError, match="no negative: -1"):
         run_each(_square, [(2,), (-1,)], seen.append)
+    # an error that does not pickle reaches here as its text, never as a wait for a result that is not coming
+    with pytest.raises(RuntimeError, match="(?s)worker 1 failed:.*cannot send this"):
+        run_each(_square, [(2,), (-2,)], seen.append)
+
+
+class _Unpicklable(Exception):
+    def __reduce__(self):
+        raise TypeError("not picklable")
 
 
 def _square(x, emit):
+    if x == -2:
+        raise _Unpicklable("cannot send this")
     if x < 0:
         raise ValueError(f"no negative: {x}")
     emit(x)

@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
 import queue
 import signal
+import time
 import traceback
 
 from shardfeed.formats.staging import SignalsHeld
+
+_RESULT_GRACE_S = 5.0
 
 
 def die_with_parent() -> None:
@@ -42,12 +46,13 @@ def _worker(fn, args, i: int, events, results) -> None:
     except BaseException as e:  # noqa: BLE001 - handed to the parent, which raises it
         out = (i, False, e)
     try:
-        results.put(out)
-        results.close()
-        results.join_thread()  # sent before this process ends: the parent reads it after our exit
-    except Exception:  # noqa: BLE001 - the error itself would not pickle
-        text = "".join(traceback.format_exception(out[2])) if not out[1] else "its result would not pickle"
-        results.put((i, False, RuntimeError(f"convert worker {i} failed:\n{text}")))
+        pickle.dumps(out)  # the queue pickles on its own thread, where a failure would only be printed
+    except Exception:  # noqa: BLE001 - an error or a result that does not pickle: its text does
+        text = "".join(traceback.format_exception(out[2])) if not out[1] else "its result does not pickle"
+        out = (i, False, RuntimeError(f"convert worker {i} failed:\n{text}"))
+    results.put(out)
+    results.close()
+    results.join_thread()  # sent before this process ends: the parent reads it after our exit
 
 
 def run_each(fn, calls: list[tuple], progress) -> list:
@@ -68,6 +73,7 @@ def run_each(fn, calls: list[tuple], progress) -> list:
     try:
         held.replay()
         done: dict[int, object] = {}
+        gone: dict[int, float] = {}  # worker -> when it was first seen ended without a result
         while len(done) < len(calls):
             _drain(events, progress, wait=0.1)
             while True:
@@ -79,8 +85,12 @@ def run_each(fn, calls: list[tuple], progress) -> list:
                     raise value
                 done[i] = value
             for i, p in enumerate(procs):
-                if i not in done and p.exitcode not in (None, 0) and results.empty():
-                    raise RuntimeError(f"convert worker {i} ended with exit code {p.exitcode} before its result")
+                if i in done or p.exitcode is None:
+                    continue
+                # its result, sent before it ended, may still be on its way: give it a moment
+                gone.setdefault(i, time.monotonic())
+                if time.monotonic() - gone[i] > _RESULT_GRACE_S:
+                    raise RuntimeError(f"convert worker {i} ended with exit code {p.exitcode} without its result")
         _drain(events, progress)
         return [done[i] for i in range(len(calls))]
     finally:
