@@ -121,7 +121,14 @@ class BatchMaker:
         n = plan.num_samples
         end = min(n, stop + AHEAD_BATCHES * self.stride * (stop - start))
         if end > stop:
-            self.ahead.want(upcoming(self.reader.index, plan.positions(stop, end), views.__contains__))
+            ids = plan.positions(start, end)
+            shards = self.reader.shards
+            # making room for a guess may close open shards, but not those this batch and the next read
+            shards.keep = frozenset(views.keys() & set(np.unique(self.reader.index.locate(ids)[0]).tolist()))
+            try:
+                self.ahead.want(upcoming(self.reader.index, ids[stop - start:], views.__contains__))
+            finally:
+                shards.keep = frozenset()
 
     def _read(self, ids, alloc) -> RawBatch:
         """The reader's batch; a cached copy found damaged (checksums, size) is

@@ -25,7 +25,9 @@ reading thread, between batches: nothing pinned) makes room for it the way a
 read does, closing least recently used unpinned shards; if even that fails
 the shard is left to its read. Ready shards nobody claimed are given back
 when the plan moves on (``want`` no longer names them) and to a read that
-needs budget (a reclaimer, registered after the tables' own).
+needs budget (a reclaimer, registered after the tables' own), together with the room
+reserved for queued or running ones: a read never fails for room a guess holds. A
+guess's room never closes an open shard the next batches read (OpenShards.keep).
 
 Errors: a decompression that fails (corrupt, truncated, over the per-shard
 cap, missing) is forgotten: the read decompresses the shard itself and raises
@@ -217,17 +219,25 @@ class DecompressAhead:
         decompressed.release(n)
 
     def reclaim(self, nbytes: int) -> None:
-        """Give back ready, unclaimed shards, farthest first (a read needs the budget)."""
-        dropped = []
+        """Give back what this thread holds for guesses, farthest first (a read needs the
+        budget): ready unclaimed shards and queued ones are dropped; a shard being
+        decompressed loses the room ``want`` reserved for it (it takes free budget when
+        done, or is left to its read). A read must never fail for room a guess holds."""
+        dropped, revoked = [], 0
         with self._cv:
             for path, e in reversed(list(self._entries.items())):
                 if nbytes <= 0:
                     break
-                if e.state == "ready":
-                    nbytes -= e.budget
+                if e.state in ("ready", "queued"):
+                    nbytes -= e.budget + e.reserved
                     dropped.append(self._entries.pop(path))
+                elif e.state == "running" and e.reserved:
+                    nbytes -= e.reserved
+                    revoked += e.reserved
+                    e.reserved = 0
         for e in dropped:
             self._free(e)
+        decompressed.release(revoked)
 
     def close(self) -> None:
         with self._cv:

@@ -176,6 +176,8 @@ class OpenShards:
         self._retired: dict[int, TarView | ColumnarView] = {}  # bad but pinned: closed at the last unpin
         self._bad: dict[int, str] = {}  # shards found unreadable: reason
         self._touched: set[int] = set()  # tar shards read from since release_pages
+        # open shards the next batches read: a guess's room (decompress_ahead.want) never closes them
+        self.keep: frozenset[int] = frozenset()
         # slot of each open tar shard by shard number (-1: not an open tar view):
         # lets a batch whose shards are all open find its slots in one numpy call
         self.slot_of = np.full(len(index), -1, np.int64)
@@ -310,8 +312,8 @@ class OpenShards:
     def reclaim(self, nbytes: int) -> None:
         """Close least recently used unpinned compressed shards until about
         ``nbytes`` of decompressed memory is free (decompressed.py's budget)."""
-        for s in [s for s, v in self.views.items() if s not in self._pins and isinstance(v, TarView)
-                  and v.reader.budget_bytes]:
+        for s in [s for s, v in self.views.items() if s not in self._pins and s not in self.keep
+                  and isinstance(v, TarView) and v.reader.budget_bytes]:
             if nbytes <= 0:
                 return
             nbytes -= self.views[s].reader.budget_bytes

@@ -137,10 +137,24 @@ def test_budget_holds_with_small_limit(datasets, monkeypatch):
 
     monkeypatch.setattr(decompressed, "acquire", counting)
     monkeypatch.setattr(decompressed, "try_acquire", counting_try)
+    reads = []  # decompressions by the read itself (the thread's are not counted)
+    from shardfeed.formats import readers
+
+    real_load = readers.load_tar_stream
+
+    def load(path, fmt, limit=None):
+        if fmt == "tar.gz":
+            reads.append(os.path.basename(path))
+        return real_load(path, fmt, limit)
+
+    monkeypatch.setattr(readers, "load_tar_stream", load)
     want, _ = _rows(datasets["tar"])
     got, _ = _rows(datasets["tar.gz"])
     assert got == want
     assert peak and max(peak) <= limit
+    # in stored order a read opens each shard once: room for a guess never closes the
+    # shard the next batches read (which its next batch would decompress again)
+    assert len(reads) == len(set(reads))
     gc.collect()
     assert decompressed.used() == held
 
@@ -211,3 +225,40 @@ def test_forked_child_does_not_wait_for_the_parents_thread(datasets):
         go.set()
         ahead.close()
     assert not _ahead_threads()
+
+
+def test_room_reserved_for_guesses_gives_way_to_a_read(datasets, monkeypatch):
+    # want() reserves room for a shard that did not fit before; while that shard is
+    # queued or being decompressed, a read that needs the room must get it (the CI
+    # failure of 2026-12-02: "shards in use cannot be closed" with only guesses held)
+    from shardfeed.formats.tar_stream import load_tar_stream
+
+    index = open_index(datasets["tar.zst"])
+    paths = [index.path(s) for s in (1, 2)]
+    size = len(load_tar_stream(paths[0], "tar.zst"))
+    monkeypatch.setattr(decompressed, "LIMIT", decompressed.used() + int(size * 2.5))
+    go, started = threading.Event(), threading.Event()
+
+    def slow(path, fmt):
+        started.set()
+        go.wait(60)
+        return load_tar_stream(path, fmt)
+
+    ahead = DecompressAhead(depth=2, load=slow)
+    held = []
+    try:
+        ahead._sizes.update({p: size for p in paths})  # both were found too big before: want() reserves
+        ahead.want([(s, p, "tar.zst") for s, p in zip((1, 2), paths)])
+        assert started.wait(30)  # shard 1 running, shard 2 queued, each with its room reserved
+        assert {e.state for e in ahead._entries.values()} == {"running", "queued"}
+        for name in ("a", "b"):  # a read of two other shards: only the guesses hold the budget
+            held.append(decompressed.acquire(size, name))
+        assert decompressed.used() <= decompressed.LIMIT
+        go.set()
+        assert claim(paths[1]) is None  # shard 2's room went to the read: it was dropped
+    finally:
+        go.set()
+        ahead.close()
+        for n in held:
+            decompressed.release(n)
+    assert decompressed.used() == 0
