@@ -35,6 +35,7 @@ _HOP = {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transf
 
 class _ProxyHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # as throttled_http: no 44 ms delayed-ACK wait per request
     server: ShapedProxy
 
     def log_message(self, *args):

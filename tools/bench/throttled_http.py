@@ -35,6 +35,10 @@ FAULTS = ("500", "503", "reset", "stall", "trickle")
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # TCP_NODELAY: headers and body are two writes, and with Nagle the body waited for the
+    # client's delayed ACK: 44 ms more per request on loopback, on top of the latency this
+    # server shapes (measured on the demo's server, tools/train/serve.py)
+    disable_nagle_algorithm = True
     server: ThrottledServer
 
     def log_message(self, *args):
