@@ -42,18 +42,26 @@ class Declined(Exception):
     """Not a file ``read`` takes: damaged, or laid out in a way it does not read (pyarrow reads it instead)."""
 
 
-class _Buf:
-    """Bounds- and alignment-checked little-endian reads of one flatbuffer (``mv[lo:hi]``)."""
+_S = {f: struct.Struct(f) for f in ("<I", "<i", "<H", "<h", "<B", "<?", "<q", "<HH")}
+_SMALL_SLOTS = frozenset((1, 2, 3))  # a field offset inside the table's own 4-byte vtable offset
 
-    __slots__ = ("mv", "lo", "hi")
+
+class _Buf:
+    """Bounds- and alignment-checked little-endian reads of one flatbuffer (``mv[lo:hi]``).
+
+    Each read is one ``Struct.unpack_from`` behind one bounds test: a sidecar's footer takes about 200
+    reads, paid by every sidecar a fresh process opens (16 at its first ``global`` batch here)."""
+
+    __slots__ = ("mv", "lo", "hi", "n")
 
     def __init__(self, mv: memoryview, lo: int, hi: int):
-        self.mv, self.lo, self.hi = mv, lo, hi
+        self.mv, self.lo, self.hi, self.n = mv, lo, hi, hi - lo
 
     def get(self, fmt: str, pos: int, size: int):
-        if pos < 0 or pos + size > self.hi - self.lo or pos % size:
+        st = _S[fmt]
+        if pos < 0 or pos + size > self.n or pos % size:
             raise Declined(f"flatbuffer read of {size} bytes at {pos} outside or misaligned")
-        return struct.unpack_from(fmt, self.mv, self.lo + pos)[0]
+        return st.unpack_from(self.mv, self.lo + pos)[0]
 
     def table(self, pos: int, known: int) -> _Table:
         return _Table(self, pos, known)
@@ -70,19 +78,23 @@ class _Table:
     def __init__(self, b: _Buf, pos: int, known: int):
         self.b, self.pos = b, pos
         vt = pos - b.get("<i", pos, 4)
-        vsize, tsize = b.get("<H", vt, 2), b.get("<H", vt + 2, 2)
-        if vsize < 4 or vsize % 2 or tsize < 4 or pos + tsize > b.hi - b.lo or vt + vsize > b.hi - b.lo:
+        if vt < 0 or vt + 4 > b.n or vt % 2:
+            raise Declined(f"flatbuffer read of 4 bytes at {vt} outside or misaligned")
+        vsize, tsize = _S["<HH"].unpack_from(b.mv, b.lo + vt)
+        if vsize < 4 or vsize % 2 or tsize < 4 or pos + tsize > b.n or vt + vsize > b.n:
             raise Declined("bad flatbuffer vtable")
-        self.slots = struct.unpack_from(f"<{(vsize - 4) // 2}H", b.mv, b.lo + vt + 4)
-        if any(s and (s < 4 or s >= tsize) for s in self.slots) or any(self.slots[known:]):
+        slots = self.slots = struct.unpack_from(f"<{(vsize - 4) // 2}H", b.mv, b.lo + vt + 4)
+        # no field outside the table (each offset is 0, absent, or in 4..tsize-1), none past ``known``
+        if slots and (max(slots) >= tsize or not _SMALL_SLOTS.isdisjoint(slots) or any(slots[known:])):
             raise Declined("flatbuffer table has a field outside it or one this reader does not know")
 
     def _at(self, i: int) -> int:
-        return self.pos + self.slots[i] if i < len(self.slots) and self.slots[i] else 0
+        slots = self.slots
+        return self.pos + slots[i] if i < len(slots) and slots[i] else 0
 
     def scalar(self, i: int, fmt: str, default=0):
         p = self._at(i)
-        return self.b.get(fmt, p, struct.calcsize(fmt)) if p else default
+        return self.b.get(fmt, p, _S[fmt].size) if p else default
 
     def _target(self, i: int) -> int:
         p = self._at(i)
@@ -90,7 +102,7 @@ class _Table:
 
     def table(self, i: int, known: int) -> _Table | None:
         t = self._target(i)
-        return self.b.table(t, known) if t else None
+        return _Table(self.b, t, known) if t else None
 
     def vector(self, i: int, width: int, align: int = 4) -> tuple[int, int]:
         """(first element's position, element count); (0, 0) when absent."""
@@ -100,28 +112,42 @@ class _Table:
         return self._vector_at(t, width, align)
 
     def _vector_at(self, t: int, width: int, align: int) -> tuple[int, int]:
-        n = self.b.get("<I", t, 4)
-        if (n and (t + 4) % align) or t + 4 + n * width > self.b.hi - self.b.lo:  # an empty one: any place
-            raise Declined("flatbuffer vector outside its buffer or misaligned")
-        return t + 4, n
+        return _vector_at(self.b, t, width, align)
 
     def tables(self, i: int, known: int) -> list[_Table]:
-        start, n = self.vector(i, 4)
-        return [self.b.table(start + 4 * k + self.b.get("<I", start + 4 * k, 4), known) for k in range(n)]
+        t = self._target(i)
+        return _tables_at(self.b, t, known) if t else []
 
     def string(self, i: int) -> bytes | None:
         t = self._target(i)
         if not t:
             return None
         start, n = self._vector_at(t, 1, 4)
-        if start + n >= self.b.hi - self.b.lo or self.b.mv[self.b.lo + start + n] != 0:
+        b = self.b
+        if start + n >= b.n or b.mv[b.lo + start + n] != 0:
             raise Declined("flatbuffer string without its terminating NUL")
-        return bytes(self.b.mv[self.b.lo + start:self.b.lo + start + n])
+        return bytes(b.mv[b.lo + start:b.lo + start + n])
 
     def structs(self, i: int, fmt: str) -> list[tuple]:
         size = struct.calcsize(fmt)
         start, n = self.vector(i, size, 8)
-        return [struct.unpack_from(fmt, self.b.mv, self.b.lo + start + size * k) for k in range(n)]
+        return list(struct.iter_unpack(fmt, self.b.mv[self.b.lo + start:self.b.lo + start + size * n]))
+
+
+def _vector_at(b: _Buf, t: int, width: int, align: int) -> tuple[int, int]:
+    """(first element's position, element count) of the vector at ``t``."""
+    n = b.get("<I", t, 4)
+    if (n and (t + 4) % align) or t + 4 + n * width > b.n:  # an empty one: any place
+        raise Declined("flatbuffer vector outside its buffer or misaligned")
+    return t + 4, n
+
+
+def _tables_at(b: _Buf, t: int, known: int) -> list[_Table]:
+    """The tables of the vector of table offsets at ``t``."""
+    start, n = _vector_at(b, t, 4, 4)
+    # the vector's n offsets read at once: it lies inside the buffer, 4-aligned (checked)
+    return [_Table(b, start + 4 * k + off, known)
+            for k, off in enumerate(struct.unpack_from(f"<{n}I", b.mv, b.lo + start))] if n else []
 
 
 def _metadata(t: _Table, i: int) -> dict:
@@ -167,15 +193,44 @@ def _type(field: _Table, nested: bool = True) -> tuple:
     return out
 
 
+_FIELDS_MEMO: dict = {}  # (fields vector's place mod 8, the bytes from there to the end) -> fields
+_FIELDS_MEMO_MAX, _FIELDS_TAIL_MAX = 64, 4096
+
+
 def _schema(s: _Table | None) -> tuple[list, dict]:
     if s is None or s.scalar(0, "<h") != 0 or s.vector(3, 8, 8)[1]:
         raise Declined("schema missing, big-endian or with features")
+    return _fields(s.b, s._target(1)), _metadata(s, 2)
+
+
+def _fields(b: _Buf, t: int) -> list:
+    """The schema's fields, from the vector at ``t``, read inside ``b[t - t % 8:]`` only.
+
+    A flatbuffer builder writes children before their parents, from the end of the buffer down, and
+    Arrow builds a schema's fields first: they and their vtables lie above their vector, at the end of
+    the footer. Reading them through a buffer that starts at the vector (8-aligned, as the whole) makes
+    the fields a function of those bytes alone: a layout that points below the vector is declined (pyarrow
+    reads it), and a file whose tail is, byte for byte, one already read has the same fields. Every
+    sidecar of a dataset has the same tail (its metadata and blocks lie below), so a fresh process parses
+    the fields of its first sidecar only: they were half of a sidecar's parse."""
+    if not t:
+        return []
+    base = t - t % 8
+    tail = bytes(b.mv[b.lo + base:b.hi]) if b.n - base <= _FIELDS_TAIL_MAX else None
+    got = _FIELDS_MEMO.get((t - base, tail)) if tail is not None else None
+    if got is not None:
+        return list(got)
+    sub = _Buf(b.mv, b.lo + base, b.hi)
     fields = []
-    for f in s.tables(1, 7):
+    for f in _tables_at(sub, t - base, 7):
         if f.string(0) is None or f._at(6):
             raise Declined("field without a name, or with metadata")
         fields.append((f.string(0).decode("utf-8", "strict"), f.scalar(1, "<?", False), _type(f)))
-    return fields, _metadata(s, 2)
+    if tail is not None:
+        if len(_FIELDS_MEMO) >= _FIELDS_MEMO_MAX:  # bounded: foreign layouts could each add one
+            _FIELDS_MEMO.clear()
+        _FIELDS_MEMO[(t - base, tail)] = tuple(fields)
+    return fields
 
 
 def _message(mv: memoryview, pos: int, end: int) -> tuple[int, _Table, int, int]:
@@ -241,7 +296,7 @@ class _Body:
         if size < (length + 1) * _WIDTH[dtype]:
             raise Declined("an offsets buffer shorter than its array")
         offs = np.frombuffer(self.mv, dtype, length + 1, pos).astype(np.int64)
-        if offs[0] < 0 or bool((np.diff(offs) < 0).any()):
+        if offs[0] < 0 or bool((offs[1:] < offs[:-1]).any()):
             raise Declined("offsets below 0 or decreasing")
         return offs
 
