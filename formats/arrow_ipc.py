@@ -11,7 +11,7 @@ reader does not take, with its own error messages.
 
 What it takes it checks at least as strictly as ``pa.ipc.open_file(...).read_all()``
 followed by ``validate(full=True)``: every flatbuffer offset, vtable and vector lies inside
-its message and is aligned; the footer's blocks are exactly the messages there; every buffer lies inside its message body; offsets start at or above 0,
+its message and is aligned (formats/flatbuffer.py); the footer's blocks are exactly the messages there; every buffer lies inside its message body; offsets start at or above 0,
 never decrease and end inside their data; dictionary indices lie inside the dictionary;
 strings are UTF-8 and no offset splits a character. tests/formats/test_arrow_ipc.py
 flips and truncates real files and checks that whatever this reader accepts, pyarrow
@@ -30,6 +30,8 @@ import struct
 
 import numpy as np
 
+from shardfeed.formats.flatbuffer import Buf, Declined, Table, tables_at
+
 MAGIC = b"ARROW1"
 _V5 = 4  # MetadataVersion.V5, what pyarrow >= 1.0 writes
 _SCHEMA, _DICTIONARY, _RECORD_BATCH = 1, 2, 3  # MessageHeader union
@@ -38,93 +40,7 @@ _WIDTH = {"int16": 2, "int32": 4, "int64": 8, "uint64": 8}
 _CONT = 0xFFFFFFFF
 
 
-class Declined(Exception):
-    """Not a file ``read`` takes: damaged, or laid out in a way it does not read (pyarrow reads it instead)."""
-
-
-class _Buf:
-    """Bounds- and alignment-checked little-endian reads of one flatbuffer (``mv[lo:hi]``)."""
-
-    __slots__ = ("mv", "lo", "hi")
-
-    def __init__(self, mv: memoryview, lo: int, hi: int):
-        self.mv, self.lo, self.hi = mv, lo, hi
-
-    def get(self, fmt: str, pos: int, size: int):
-        if pos < 0 or pos + size > self.hi - self.lo or pos % size:
-            raise Declined(f"flatbuffer read of {size} bytes at {pos} outside or misaligned")
-        return struct.unpack_from(fmt, self.mv, self.lo + pos)[0]
-
-    def table(self, pos: int, known: int) -> _Table:
-        return _Table(self, pos, known)
-
-    def root(self, known: int) -> _Table:
-        return _Table(self, self.get("<I", 0, 4), known)
-
-
-class _Table:
-    """A flatbuffer table whose fields past the first ``known`` must be absent (unknown: declined)."""
-
-    __slots__ = ("b", "pos", "slots")
-
-    def __init__(self, b: _Buf, pos: int, known: int):
-        self.b, self.pos = b, pos
-        vt = pos - b.get("<i", pos, 4)
-        vsize, tsize = b.get("<H", vt, 2), b.get("<H", vt + 2, 2)
-        if vsize < 4 or vsize % 2 or tsize < 4 or pos + tsize > b.hi - b.lo or vt + vsize > b.hi - b.lo:
-            raise Declined("bad flatbuffer vtable")
-        self.slots = struct.unpack_from(f"<{(vsize - 4) // 2}H", b.mv, b.lo + vt + 4)
-        if any(s and (s < 4 or s >= tsize) for s in self.slots) or any(self.slots[known:]):
-            raise Declined("flatbuffer table has a field outside it or one this reader does not know")
-
-    def _at(self, i: int) -> int:
-        return self.pos + self.slots[i] if i < len(self.slots) and self.slots[i] else 0
-
-    def scalar(self, i: int, fmt: str, default=0):
-        p = self._at(i)
-        return self.b.get(fmt, p, struct.calcsize(fmt)) if p else default
-
-    def _target(self, i: int) -> int:
-        p = self._at(i)
-        return p + self.b.get("<I", p, 4) if p else 0
-
-    def table(self, i: int, known: int) -> _Table | None:
-        t = self._target(i)
-        return self.b.table(t, known) if t else None
-
-    def vector(self, i: int, width: int, align: int = 4) -> tuple[int, int]:
-        """(first element's position, element count); (0, 0) when absent."""
-        t = self._target(i)
-        if not t:
-            return 0, 0
-        return self._vector_at(t, width, align)
-
-    def _vector_at(self, t: int, width: int, align: int) -> tuple[int, int]:
-        n = self.b.get("<I", t, 4)
-        if (n and (t + 4) % align) or t + 4 + n * width > self.b.hi - self.b.lo:  # an empty one: any place
-            raise Declined("flatbuffer vector outside its buffer or misaligned")
-        return t + 4, n
-
-    def tables(self, i: int, known: int) -> list[_Table]:
-        start, n = self.vector(i, 4)
-        return [self.b.table(start + 4 * k + self.b.get("<I", start + 4 * k, 4), known) for k in range(n)]
-
-    def string(self, i: int) -> bytes | None:
-        t = self._target(i)
-        if not t:
-            return None
-        start, n = self._vector_at(t, 1, 4)
-        if start + n >= self.b.hi - self.b.lo or self.b.mv[self.b.lo + start + n] != 0:
-            raise Declined("flatbuffer string without its terminating NUL")
-        return bytes(self.b.mv[self.b.lo + start:self.b.lo + start + n])
-
-    def structs(self, i: int, fmt: str) -> list[tuple]:
-        size = struct.calcsize(fmt)
-        start, n = self.vector(i, size, 8)
-        return [struct.unpack_from(fmt, self.b.mv, self.b.lo + start + size * k) for k in range(n)]
-
-
-def _metadata(t: _Table, i: int) -> dict:
+def _metadata(t: Table, i: int) -> dict:
     out = {}
     for kv in t.tables(i, 2):
         k, v = kv.string(0), kv.string(1)
@@ -134,7 +50,7 @@ def _metadata(t: _Table, i: int) -> dict:
     return out
 
 
-def _type(field: _Table, nested: bool = True) -> tuple:
+def _type(field: Table, nested: bool = True) -> tuple:
     """A field's type as a tuple: ("utf8",), ("int64",) ..., ("list", child), ("large_list", child),
     ("dict", id, ("utf8",)). ``nested``: whether it may be a list (a list's child may not: no list of
     lists is one of the project's, and a forged file nesting them deeply would recurse as deep)."""
@@ -167,25 +83,54 @@ def _type(field: _Table, nested: bool = True) -> tuple:
     return out
 
 
-def _schema(s: _Table | None) -> tuple[list, dict]:
+_FIELDS_MEMO: dict = {}  # (fields vector's place mod 8, the bytes from there to the end) -> fields
+_FIELDS_MEMO_MAX, _FIELDS_TAIL_MAX = 64, 4096
+
+
+def _schema(s: Table | None) -> tuple[list, dict]:
     if s is None or s.scalar(0, "<h") != 0 or s.vector(3, 8, 8)[1]:
         raise Declined("schema missing, big-endian or with features")
+    return _fields(s.b, s._target(1)), _metadata(s, 2)
+
+
+def _fields(b: Buf, t: int) -> list:
+    """The schema's fields, from the vector at ``t``, read inside ``b[t - t % 8:]`` only.
+
+    A flatbuffer builder writes children before their parents, from the end of the buffer down, and
+    Arrow builds a schema's fields first: they and their vtables lie above their vector, at the end of
+    the footer. Reading them through a buffer that starts at the vector (8-aligned, as the whole) makes
+    the fields a function of those bytes alone: a layout that points below the vector is declined (pyarrow
+    reads it), and a file whose tail is, byte for byte, one already read has the same fields. Every
+    sidecar of a dataset has the same tail (its metadata and blocks lie below), so a fresh process parses
+    the fields of its first sidecar only: they were half of a sidecar's parse."""
+    if not t:
+        return []
+    base = t - t % 8
+    tail = bytes(b.mv[b.lo + base:b.hi]) if b.n - base <= _FIELDS_TAIL_MAX else None
+    got = _FIELDS_MEMO.get((t - base, tail)) if tail is not None else None
+    if got is not None:
+        return list(got)
+    sub = Buf(b.mv, b.lo + base, b.hi)
     fields = []
-    for f in s.tables(1, 7):
+    for f in tables_at(sub, t - base, 7):
         if f.string(0) is None or f._at(6):
             raise Declined("field without a name, or with metadata")
         fields.append((f.string(0).decode("utf-8", "strict"), f.scalar(1, "<?", False), _type(f)))
-    return fields, _metadata(s, 2)
+    if tail is not None:
+        if len(_FIELDS_MEMO) >= _FIELDS_MEMO_MAX:  # bounded: foreign layouts could each add one
+            _FIELDS_MEMO.clear()
+        _FIELDS_MEMO[(t - base, tail)] = tuple(fields)
+    return fields
 
 
-def _message(mv: memoryview, pos: int, end: int) -> tuple[int, _Table, int, int]:
+def _message(mv: memoryview, pos: int, end: int) -> tuple[int, Table, int, int]:
     """(header type, header table, body start, body length) of the encapsulated message at ``pos``."""
     if pos % 8 or pos + 8 > end:
         raise Declined("message outside the file")
     cont, size = struct.unpack_from("<Ii", mv, pos)
     if cont != _CONT or size <= 0 or size % 8 or pos + 8 + size > end:
         raise Declined("bad message prefix")
-    m = _Buf(mv, pos + 8, pos + 8 + size).root(5)
+    m = Buf(mv, pos + 8, pos + 8 + size).root(5)
     kind, body = m.scalar(1, "<B"), m.scalar(3, "<q")
     if m.scalar(0, "<h") != _V5 or m._at(4) or body < 0 or body % 8 or pos + 8 + size + body > end:
         raise Declined("message of another version, with metadata, or a body outside the file")
@@ -198,7 +143,7 @@ def _message(mv: memoryview, pos: int, end: int) -> tuple[int, _Table, int, int]
 class _Body:
     """One record batch's field nodes and buffers, taken in schema order (Arrow's pre-order)."""
 
-    def __init__(self, mv: memoryview, batch: _Table, start: int, size: int):
+    def __init__(self, mv: memoryview, batch: Table, start: int, size: int):
         if batch._at(3) or batch.vector(4, 8, 8)[1]:
             raise Declined("compressed batch or variadic buffers")
         self.mv, self.start, self.size = mv, start, size
@@ -241,7 +186,7 @@ class _Body:
         if size < (length + 1) * _WIDTH[dtype]:
             raise Declined("an offsets buffer shorter than its array")
         offs = np.frombuffer(self.mv, dtype, length + 1, pos).astype(np.int64)
-        if offs[0] < 0 or bool((np.diff(offs) < 0).any()):
+        if offs[0] < 0 or bool((offs[1:] < offs[:-1]).any()):
             raise Declined("offsets below 0 or decreasing")
         return offs
 
@@ -300,7 +245,7 @@ def _read(raw: bytes) -> tuple[list, dict, dict]:
     fstart = end - 10 - flen
     if flen <= 0 or fstart < 16 or fstart % 8:
         raise Declined("bad footer length")
-    footer = _Buf(mv, fstart, end - 10).root(5)
+    footer = Buf(mv, fstart, end - 10).root(5)
     if footer.scalar(0, "<h") != _V5 or footer._at(4):
         raise Declined("footer of another version or with metadata")
     fields, meta = _schema(footer.table(1, 4))

@@ -15,7 +15,6 @@ import os
 import numpy as np
 import xxhash
 
-from shardfeed.formats import own_tables
 from shardfeed.formats.errors import ShardError
 from shardfeed.formats.files import check_regular, open_regular
 from shardfeed.formats.key_blob import Keys
@@ -317,6 +316,10 @@ def read_sidecar(path: str, shard: str) -> tuple[SampleTable, dict]:
 
     Read without pyarrow (own_tables.py) when it is laid out as shardfeed writes it and
     passes every check; otherwise pyarrow reads it, and its checks say what is wrong."""
+    # imported here, not with this module: ``import shardfeed.loader`` loads this module but reads no
+    # sidecar, and own_tables brings arrow_ipc and flatbuffer (3 modules, ~0.5 ms of the import)
+    from shardfeed.formats import own_tables
+
     with open_regular(path, shard, "sidecar") as f:  # a FIFO would block the read forever
         raw = f.read() if os.fstat(f.fileno()).st_size <= own_tables.MAX_FAST_BYTES else None
     if raw is not None:

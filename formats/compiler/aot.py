@@ -18,6 +18,7 @@ import importlib.machinery
 import importlib.util
 import json
 import logging
+import mmap
 import os
 import sys
 
@@ -85,7 +86,7 @@ def fingerprints(args, _nd=np.ndarray, _names=_by_flags, _lo=-_I63, _hi=_I63) ->
     return tuple(out)
 
 
-def file_digest(data: bytes) -> str:
+def file_digest(data) -> str:
     import xxhash
 
     return xxhash.xxh3_128_hexdigest(data)
@@ -130,7 +131,10 @@ def load(folder: str, key: str) -> Loaded | None:
             raise ValueError(f"built for {man.get('versions')}, this is {_versions()}")
         so = os.path.join(folder, os.path.basename(man["file"]))
         with open(so, "rb") as f:
-            digest = file_digest(f.read())
+            # hashed in place through a read-only mapping (the library is mapped again by dlopen):
+            # reading 0.8 MB into a fresh bytes object cost ~0.4 ms of a fresh process's first batch
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as view:
+                digest = file_digest(view)
         if digest != man.get("digest"):
             # checked before dlopen: a truncated library can crash the process (SIGBUS), not raise
             raise ValueError(f"{os.path.basename(so)} is damaged: its xxh3 is {digest}, the build wrote "

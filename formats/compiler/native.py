@@ -23,7 +23,6 @@ placeholders that ``jit.use_jit`` resolves, so reading never imports numba.
 from __future__ import annotations
 
 import ctypes
-import glob
 import os
 
 import xxhash
@@ -50,21 +49,36 @@ def hash_fn() -> int:
     return _HASH_FN
 
 
+def _libraries() -> list[str]:
+    """The xxhash extension's shared libraries (``_xxhash*.so``), by name. A listing, not ``glob``: glob's
+    first use compiles its pattern machinery (~0.15 ms of a fresh process's first batch)."""
+    here = os.path.dirname(xxhash.__file__)
+    return [os.path.join(here, n) for n in sorted(os.listdir(here)) if n.startswith("_xxhash") and n.endswith(".so")]
+
+
+def _probes() -> list[bytes]:
+    """Inputs on which a C function must agree with ``xxh3_64_intdigest``: empty, short, each of XXH3's
+    length classes, and long inputs over many 1 KiB blocks with a partial stripe at the end. The long
+    ones repeat 4,099 random bytes (a period no stripe or block divides), not 100 KB of ``os.urandom``:
+    drawing those was a third of the check, paid twice at every fresh process's first batch."""
+    r = os.urandom(4099)
+    return [b"", b"a", b"x" * 17, r[:129], r[:240], bytes(range(256)) * 9, r, (r * 25)[:100_003]]
+
+
 def _find_xxh3() -> int:
     if os.environ.get("SHARDFEED_NO_NATIVE_XXH3"):
         return 0
-    here = os.path.dirname(xxhash.__file__)
+    probes = _probes()
     # XXH3_64bits_dispatch first: the same function with its long-input loop chosen for this CPU
     # (AVX2 where there is one), as xxh3_64_intdigest runs it; plain XXH3_64bits is the SSE2 build,
     # about half as fast on long inputs (measured: 11% of a 100 KiB batch read hashing with SSE2)
-    for path in sorted(glob.glob(os.path.join(here, "_xxhash*.so"))):
+    for path in _libraries():
         for name in ("XXH3_64bits_dispatch", "XXH3_64bits"):
             try:
                 f = getattr(ctypes.CDLL(path), name)
             except (OSError, AttributeError):
                 continue
             f.restype, f.argtypes = ctypes.c_uint64, [ctypes.c_char_p, ctypes.c_size_t]
-            probes = [b"", b"a", bytes(range(256)) * 9, os.urandom(4099), os.urandom(100_003)]
             if all(f(p, len(p)) == xxhash.xxh3_64_intdigest(p) for p in probes):
                 return ctypes.cast(f, ctypes.c_void_p).value or 0
     return 0
@@ -84,9 +98,9 @@ def stream_hash() -> tuple:
 
 
 def _find_stream() -> tuple:
-    here = os.path.dirname(xxhash.__file__)
     vp, sz = ctypes.c_void_p, ctypes.c_size_t
-    for path in sorted(glob.glob(os.path.join(here, "_xxhash*.so"))):
+    r = _probes()[-2]
+    for path in _libraries():
         try:
             lib = ctypes.CDLL(path)
             update = getattr(lib, "XXH3_64bits_update_dispatch", None) or lib.XXH3_64bits_update
@@ -105,7 +119,7 @@ def _find_stream() -> tuple:
             continue
         try:
             ok = True
-            for pieces in ([b""], [b"a", b""], [os.urandom(100_003), b"7"], [b"x" * 300, os.urandom(4099), b"12"]):
+            for pieces in ([b""], [b"a", b""], [(r * 25)[:100_003], b"7"], [b"x" * 300, r, b"12"], [r[:100], r[100:]]):
                 reset(state)
                 for p in pieces:
                     update(state, p, len(p))

@@ -212,3 +212,23 @@ def test_types_outside_the_project_schemas_are_declined(tmp_path):
             w.write_table(tbl)
         with pytest.raises(arrow_ipc.Declined):
             arrow_ipc.read(sink.getvalue().to_pybytes())
+
+
+def test_sidecars_with_the_same_footer_tail_parse_their_fields_once(ds, monkeypatch):
+    """A fresh process's first ``global`` batch opens every sidecar; the fields (half of a parse) are read
+    once per distinct footer tail (arrow_ipc._fields), and a tail that differs, even in one byte of a
+    field's name, is parsed again and gives that file's own fields."""
+    calls = []
+    real = arrow_ipc._type
+    monkeypatch.setattr(arrow_ipc, "_type", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(arrow_ipc, "_FIELDS_MEMO", {})
+    sidecars = _files(ds)[1:]
+    assert len(sidecars) == 2
+    first = [arrow_ipc.read(open(p, "rb").read())[0] for p in sidecars]
+    assert first[0] == first[1] and len(calls) == 8  # 5 fields, 3 of them lists: the first file only
+    raw = bytearray(open(sidecars[1], "rb").read())
+    at = raw.rindex(b"checksum")  # the field name, in the footer's tail
+    raw[at:at + 8] = b"checksun"
+    fields, meta, columns = arrow_ipc.read(bytes(raw))
+    assert [f[0] for f in fields] == ["key", "checksun", "offset", "size", "field"] and len(calls) == 16
+    assert _same((fields, meta, columns), _pyarrow(bytes(raw)))

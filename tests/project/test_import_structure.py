@@ -127,11 +127,16 @@ def test_importing_loader_and_dataset_builds_no_dataclass_and_loads_no_kernel_mo
     assert got["made"] == []  # nor is the sources' key computed
     assert sorted(set(got["mods"]) & set(NOT_FOR_A_TAR_READ)) == []
     assert sorted(set(got["mods"]) & set(READ_PATH)) == []  # imported at the first read
+    assert sorted(set(got["mods"]) & set(TABLE_READERS)) == []  # imported when the index is read
 
 
 # the read path: imported at the first batch, not with the names of Loader and ShardDataset
 READ_PATH = ("shardfeed.formats.engine.batch", "shardfeed.formats.engine.kernels", "shardfeed.loader.batcher",
              "shardfeed.loader.collate", "shardfeed.formats.readers")
+
+
+# the pyarrow-free readers of index.arrow and the sidecars: the dataset's opening imports them (issue #24)
+TABLE_READERS = ("shardfeed.formats.own_tables", "shardfeed.formats.arrow_ipc", "shardfeed.formats.flatbuffer")
 
 
 def test_the_first_batch_of_a_local_tar_read_builds_no_dataclass(tmp_path):
