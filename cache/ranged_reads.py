@@ -23,7 +23,8 @@ batches keep reading that copy until the reader closes it.
 
 ``RangedShards`` is CachedShards with ``prepare(ids)`` / ``finish(token)``
 around each batch read: prepare fetches the batch's ranges (pinned until
-finish) and counts hits and misses per shard of the batch; ``path_of`` then
+finish; the shards the prefetcher did not bring all at once, late_ranges.py)
+and counts hits and misses per shard of the batch; ``path_of`` then
 hands out the partial copy. Consumed samples are punched out of the copy at
 finish when the order reads each sample once per epoch.
 """
@@ -38,6 +39,7 @@ import numpy as np
 
 from shardfeed.cache import cost_model as cm
 from shardfeed.cache.cost_model import RANGE_MIN_SAMPLE_BYTES, CostModel, range_reserve, range_working
+from shardfeed.cache.late_ranges import ensure_all
 from shardfeed.cache.ranges import RangeFetcher, coalesce, spans
 from shardfeed.cache.reads import CachedShards
 from shardfeed.cache.store import ShardRef
@@ -280,12 +282,29 @@ class RangedShards(CachedShards):
         cache = self.spec.open()
         policy = self.policy()
         shard, local = self.index.locate(np.asarray(ids, np.int64))
-        uniq = np.unique(shard)
         policy.working_set(self.index, len(ids), self.readers, self.ranks)
-        token = []
-        pending = 0  # whole shards this read will fetch in path_of
+        token, todo = [], []  # todo: (shard, ref, its samples, its count, pin), pinned
         t0 = time.monotonic()
-        for s in uniq.tolist():
+        try:
+            self._sort_out(cache, policy, shard, local, todo)
+            fetched = ensure_all(policy.fetcher, [(ref, mine, count) for _, ref, mine, count, _ in todo])
+        except BaseException:
+            for *_, pin in todo:
+                pin.release()
+            raise
+        for (s, ref, mine, _, pin), n in zip(todo, fetched):
+            self._c["misses" if n else "hits"] += 1
+            self._c["late_samples"] += n
+            self._partial.add(s)
+            token.append((s, ref, mine, pin))
+        self._c["wait_s"] += time.monotonic() - t0
+        return token
+
+    def _sort_out(self, cache, policy, shard, local, todo: list) -> None:
+        """Which shards of a batch (``shard``, ``local``: its samples' shards and ids in them) need
+        ranges made present: appended to ``todo`` pinned; whole ones are left to path_of."""
+        pending = 0  # whole shards this read will fetch in path_of
+        for s in np.unique(shard).tolist():
             if not rangeable(self.index, s):
                 continue
             ref = self.ref(s)
@@ -311,18 +330,7 @@ class RangedShards(CachedShards):
                 self._partial.discard(s)  # its partial copy, if any, is removed once the whole copy is here
                 pending += int(ref.size or 0)
                 continue
-            pin = policy.fetcher.pin(ref)
-            try:
-                _, fetched = policy.fetcher.ensure(ref, mine, count)
-            except BaseException:
-                pin.release()
-                raise
-            self._c["misses" if fetched else "hits"] += 1
-            self._c["late_samples"] += fetched
-            self._partial.add(s)
-            token.append((s, ref, mine, pin))
-        self._c["wait_s"] += time.monotonic() - t0
-        return token
+            todo.append((s, ref, mine, count, policy.fetcher.pin(ref)))
 
     def finish(self, token) -> None:
         policy = self.policy() if token or self._unpunched else None

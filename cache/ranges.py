@@ -235,6 +235,11 @@ class RangeFetcher:
             lock.release()
         return len(local) - len(missing), len(missing)
 
+    def present(self, ref, local) -> bool:
+        """Whether samples ``local`` of ``ref`` are all in its partial copy and checked, without a
+        lock (False when unsure: ``ensure`` decides under the lock); the caller holds the pin."""
+        return self._all_present(ref, self.path(ref), np.unique(np.asarray(local, np.int64)))
+
     def _all_present(self, ref, path: str, local) -> bool:
         """Whether every sample of ``local`` is in the copy and checked (caller holds the pin)."""
         memo = self._tables.get(path + SIDECAR)
