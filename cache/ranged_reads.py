@@ -49,9 +49,7 @@ WHOLE, RANGES = "whole", "ranges"
 ENABLED: bool | None = {"0": False, "1": True}.get(os.environ.get("SHARDFEED_CACHE_RANGES", "").strip())
 SIDECAR_SHARE = 0.03  # sidecar bytes per shard byte assumed where none was measured (shardfeed plan)
 NEAR_STEPS = 2  # steps (the current one first) a rank's prefetcher brings ahead as ranges
-# a rank's prefetch threads for sample ranges (small requests: latency-bound). With 2, the demo's readers fetched
-# 391-1,349 samples themselves in 3 epochs; with 4, 116-361 (more are given up for room instead: those come later)
-RANGE_THREADS = 4
+RANGE_THREADS = 4  # a rank's prefetch threads for sample ranges (latency-bound: with 2, 3-5x more came late in the demo)
 RANGED_MAX_OPEN = 64  # whole shards a ranged reader keeps open between reads (its partial copies: none, see finish)
 PLAN_ENTRY_BYTES = 96  # one key's entry in a published lookahead plan (JSON key and step), rounded up
 # a rank's plan file in the budget: its keys (a shard's, and its partial copy's with ranges), twice (the
@@ -303,8 +301,7 @@ class RangedShards(CachedShards):
         return token
 
     def _sort_out(self, cache, policy, shard, local, todo: list) -> None:
-        """Which shards of a batch (``shard``, ``local``: its samples' shards and ids in them) need
-        ranges made present: appended to ``todo`` pinned; whole ones are left to path_of."""
+        """The batch's shards (``shard``, ``local``) needing ranges, pinned into ``todo`` (whole ones: path_of)."""
         pending = 0  # whole shards this read will fetch in path_of
         for s in np.unique(shard).tolist():
             if not rangeable(self.index, s):
@@ -339,12 +336,12 @@ class RangedShards(CachedShards):
         later = []
         for _s, ref, mine, pin in token:
             try:
-                if self.punch_consumed and not self._punch(policy, ref, mine):
+                if self.punch_consumed and not policy.fetcher.punch_consumed(ref, mine):
                     later.append((ref, mine))
             finally:
                 pin.release()
         # a punch skipped (a fetch held the copy) would leave consumed blocks pinned in it for good
-        self._unpunched = [(r, m) for r, m in self._unpunched if not self._punch(policy, r, m)] + later
+        self._unpunched = [(r, m) for r, m in self._unpunched if not policy.fetcher.punch_consumed(r, m)] + later
         if self.forget_view is not None:
             # closed after each read, so never pinned between reads: the worst case counts no kept-open
             # copy (their sidecars), and the next read sees a shard admitted whole since
@@ -352,13 +349,6 @@ class RangedShards(CachedShards):
                 self.forget_view(s)
         for _s, ref, *_ in token:
             policy.fetcher.drop_superseded(ref)  # admitted whole (here or by another rank) while pinned
-
-    @staticmethod
-    def _punch(policy, ref, mine) -> bool:
-        """Give back consumed samples ``mine`` of ``ref``'s partial copy; False when a fetch held it."""
-        path = policy.fetcher.path(ref)
-        memo = policy.fetcher._tables.get(path + ".idx")
-        return memo is None or policy.fetcher.punch(ref, memo[2], mine)
 
     def path_of(self, i: int) -> str:
         if i in self._partial and self._kind.get(i) != WHOLE:

@@ -321,6 +321,11 @@ class RangeFetcher:
             lock.release()
         return True
 
+    def punch_consumed(self, ref, local) -> bool:
+        """``punch`` with the copy's known table (nothing to give back without one: nothing was fetched here)."""
+        memo = self._tables.get(self.path(ref) + SIDECAR)
+        return memo is None or self.punch(ref, memo[2], local)
+
     def _punch(self, fd: int, table, consumed: np.ndarray) -> None:
         every = np.arange(len(table), dtype=np.int64)
         s_all, e_all = spans(table, every)
