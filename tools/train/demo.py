@@ -42,7 +42,7 @@ FOLLOW_LR = 0.002
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = __doc__.strip()
-    p.add_argument("--out", default="demo-data", help="working folder (replaced on each run)")
+    p.add_argument("--out", default="demo-data", help="working folder (what an earlier run wrote there is removed first)")
     p.add_argument("--samples", type=int, default=5000, help="labelled images in the training set")
     p.add_argument("--classes", type=int, default=10, help="number of labels")
     p.add_argument("--image-size", type=int, default=32, help="side of the square images, in pixels")
@@ -56,6 +56,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-fraction", type=float, default=0.75, help="cache limit as a share of the dataset's bytes (misses come as sample ranges; with whole shards only, 2 ranks x 32 shards a global step need ~86%% here)")
     p.add_argument("--no-train", action="store_true", help="stop after reading the shards back")
     p.add_argument("--no-baseline", action="store_true", help="skip the --shuffle none comparison run")
+
+
+# What a run writes under --out. Each run starts without them: a kept stream ends with its
+# end-of-stream commit (the next run's appends were refused), a kept cache or checkpoint would
+# carry the last run into this one. Only these go: --out itself may hold the user's files.
+OWN = ("train", "eval", "run", "cache", "stream")
+
+
+def clear_out(out: str) -> None:
+    """Remove what an earlier run wrote under ``out`` (``OWN``), and nothing else."""
+    for name in OWN:
+        path = os.path.join(out, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        elif os.path.lexists(path):
+            os.remove(path)
 
 
 def build_dataset(args, name: str = "train", samples: int | None = None, seed: int = 0) -> tuple[str, dict]:
@@ -160,6 +176,7 @@ def _audit(ck: str) -> str:
 
 def main(args) -> int:
     t_start = time.perf_counter()
+    clear_out(args.out)
     root, labels = build_dataset(args)
     read_back(root, labels, args)
     if args.no_train:
