@@ -186,13 +186,26 @@ class _Scan:
 
     def __init__(self):
         self.upto, self.names, self.end, self.index_key, self.index_names = 0, {}, None, None, frozenset()
+        self.last = None  # (inode, mtime, size) of entry ``upto``: tells a log made again at the same path
+
+    @staticmethod
+    def _stamp(path: str):
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return None
+        return st.st_ino, st.st_mtime_ns, st.st_size
 
     @classmethod
     def of(cls, root: str, seqs: list[int]) -> _Scan:
         log = os.path.realpath(os.path.join(root, LOG_DIR))
         key = (log, os.stat(log).st_ino)  # a log deleted and made again at the same path is another log
         scan = cls._by_log.setdefault(key, cls())
-        if seqs and seqs[-1] < scan.upto:  # the log was replaced under the writer: start over
+        # the log was replaced under the writer: start over. A folder deleted and made again often
+        # gets the old inode back, so the key alone does not tell; the last entry read does (an
+        # ended stream's scan once refused every commit to the new, empty log at the same path)
+        if scan.upto and (not seqs or seqs[-1] < scan.upto
+                          or cls._stamp(os.path.join(log, f"{scan.upto:012d}.json")) != scan.last):
             scan = cls._by_log[key] = cls()
         scan._index(root)
         for seq in seqs:
@@ -203,6 +216,8 @@ class _Scan:
                 except FileNotFoundError:
                     continue
                 scan.note(seq, rec, path)
+                if seq == scan.upto:
+                    scan.last = cls._stamp(path)
         return scan
 
     def note(self, seq: int, rec: dict, path: str) -> None:

@@ -152,3 +152,19 @@ def test_a_writer_with_a_stale_listing_does_not_commit_after_the_end(tmp_path, m
     monkeypatch.undo()
     assert sorted(os.listdir(os.path.join(str(tmp_path), LOG_DIR))) == [f"{s:012d}.json" for s in (1, 2, 3)]
     assert len(_follow_keys(tmp_path)) == 20
+
+
+def test_a_stream_made_again_at_the_same_path_is_a_new_log_even_with_the_old_inode(tmp_path):
+    """A folder deleted and made again often gets its old inode back (the clean-clone CI of
+    2026-12-03: `shardfeed demo` run twice into one --out): the writer's memo of the ended
+    stream must not refuse the new stream's commits."""
+    root = tmp_path / "s"
+    _stream(root, 1, end=True)
+    log = os.path.realpath(os.path.join(root, LOG_DIR))
+    ended = cl._Scan._by_log[(log, os.stat(log).st_ino)]
+    assert ended.end == 2
+    shutil.rmtree(root)
+    os.makedirs(os.path.join(root, LOG_DIR))
+    cl._Scan._by_log[(log, os.stat(log).st_ino)] = ended  # the inode came back, for certain
+    _stream(root, 2, end=False)
+    assert [s for s, _ in read_commits(str(root)).shards] == [1, 2]
