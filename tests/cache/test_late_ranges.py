@@ -26,12 +26,16 @@ def _ranges(monkeypatch):
     monkeypatch.setattr(ranged_reads, "ENABLED", True)
 
 
-def test_a_batchs_late_ranges_come_at_once_gh22(tmp_path):
+def test_a_batchs_late_ranges_come_at_once_gh22(tmp_path, monkeypatch):
     """Issue #22: a ranged reader whose batch was not prefetched fetched its shards' ranges one
     after another (one request per shard, ~7 a batch in the demo), so a late batch waited for
     the sum of their round trips. With each range's body held DELAY s by the server, the
     batch's SHARDS - 1 late shards now take about one DELAY, not one each."""
+    from shardfeed.cache import late_ranges
     from shardfeed.cache.ranged_reads import RangedShards
+
+    monkeypatch.setattr(late_ranges, "LATE_THREADS", 4)  # the mechanism (off by default: see LATE_THREADS)
+    monkeypatch.setattr(late_ranges, "_pool", None)
 
     root = str(tmp_path / "ds")
     with ShardWriter(root, max_shard_samples=PER_SHARD) as w:
