@@ -23,8 +23,7 @@ batches keep reading that copy until the reader closes it.
 
 ``RangedShards`` is CachedShards with ``prepare(ids)`` / ``finish(token)``
 around each batch read: prepare fetches the batch's ranges (pinned until
-finish; the shards the prefetcher did not bring all at once, late_ranges.py)
-and counts hits and misses per shard of the batch; ``path_of`` then
+finish) and counts hits and misses per shard of the batch; ``path_of`` then
 hands out the partial copy. Consumed samples are punched out of the copy at
 finish when the order reads each sample once per epoch.
 """
@@ -39,7 +38,6 @@ import numpy as np
 
 from shardfeed.cache import cost_model as cm
 from shardfeed.cache.cost_model import RANGE_MIN_SAMPLE_BYTES, CostModel, range_reserve, range_working
-from shardfeed.cache.late_ranges import ensure_all
 from shardfeed.cache.ranges import RangeFetcher, coalesce, spans
 from shardfeed.cache.reads import CachedShards
 from shardfeed.cache.store import ShardRef
@@ -49,7 +47,7 @@ WHOLE, RANGES = "whole", "ranges"
 ENABLED: bool | None = {"0": False, "1": True}.get(os.environ.get("SHARDFEED_CACHE_RANGES", "").strip())
 SIDECAR_SHARE = 0.03  # sidecar bytes per shard byte assumed where none was measured (shardfeed plan)
 NEAR_STEPS = 2  # steps (the current one first) a rank's prefetcher brings ahead as ranges
-RANGE_THREADS = 2  # a rank's prefetch threads for ranges; 4 cut late samples 3-5x but breaks the start check's figure
+RANGE_THREADS = 2  # a rank's prefetch threads for sample ranges (small requests: latency-bound)
 RANGED_MAX_OPEN = 64  # whole shards a ranged reader keeps open between reads (its partial copies: none, see finish)
 PLAN_ENTRY_BYTES = 96  # one key's entry in a published lookahead plan (JSON key and step), rounded up
 # a rank's plan file in the budget: its keys (a shard's, and its partial copy's with ranges), twice (the
@@ -282,28 +280,12 @@ class RangedShards(CachedShards):
         cache = self.spec.open()
         policy = self.policy()
         shard, local = self.index.locate(np.asarray(ids, np.int64))
+        uniq = np.unique(shard)
         policy.working_set(self.index, len(ids), self.readers, self.ranks)
-        token, todo = [], []  # todo: (shard, ref, its samples, its count, pin), pinned
-        t0 = time.monotonic()
-        try:
-            self._sort_out(cache, policy, shard, local, todo)
-            fetched = ensure_all(policy.fetcher, [(ref, mine, count) for _, ref, mine, count, _ in todo])
-        except BaseException:
-            for *_, pin in todo:
-                pin.release()
-            raise
-        for (s, ref, mine, _, pin), n in zip(todo, fetched):
-            self._c["misses" if n else "hits"] += 1
-            self._c["late_samples"] += n
-            self._partial.add(s)
-            token.append((s, ref, mine, pin))
-        self._c["wait_s"] += time.monotonic() - t0
-        return token
-
-    def _sort_out(self, cache, policy, shard, local, todo: list) -> None:
-        """The batch's shards (``shard``, ``local``) needing ranges, pinned into ``todo`` (whole ones: path_of)."""
+        token = []
         pending = 0  # whole shards this read will fetch in path_of
-        for s in np.unique(shard).tolist():
+        t0 = time.monotonic()
+        for s in uniq.tolist():
             if not rangeable(self.index, s):
                 continue
             ref = self.ref(s)
@@ -329,19 +311,30 @@ class RangedShards(CachedShards):
                 self._partial.discard(s)  # its partial copy, if any, is removed once the whole copy is here
                 pending += int(ref.size or 0)
                 continue
-            todo.append((s, ref, mine, count, policy.fetcher.pin(ref)))
+            pin = policy.fetcher.pin(ref)
+            try:
+                _, fetched = policy.fetcher.ensure(ref, mine, count)
+            except BaseException:
+                pin.release()
+                raise
+            self._c["misses" if fetched else "hits"] += 1
+            self._c["late_samples"] += fetched
+            self._partial.add(s)
+            token.append((s, ref, mine, pin))
+        self._c["wait_s"] += time.monotonic() - t0
+        return token
 
     def finish(self, token) -> None:
         policy = self.policy() if token or self._unpunched else None
         later = []
         for _s, ref, mine, pin in token:
             try:
-                if self.punch_consumed and not policy.fetcher.punch_consumed(ref, mine):
+                if self.punch_consumed and not self._punch(policy, ref, mine):
                     later.append((ref, mine))
             finally:
                 pin.release()
         # a punch skipped (a fetch held the copy) would leave consumed blocks pinned in it for good
-        self._unpunched = [(r, m) for r, m in self._unpunched if not policy.fetcher.punch_consumed(r, m)] + later
+        self._unpunched = [(r, m) for r, m in self._unpunched if not self._punch(policy, r, m)] + later
         if self.forget_view is not None:
             # closed after each read, so never pinned between reads: the worst case counts no kept-open
             # copy (their sidecars), and the next read sees a shard admitted whole since
@@ -349,6 +342,13 @@ class RangedShards(CachedShards):
                 self.forget_view(s)
         for _s, ref, *_ in token:
             policy.fetcher.drop_superseded(ref)  # admitted whole (here or by another rank) while pinned
+
+    @staticmethod
+    def _punch(policy, ref, mine) -> bool:
+        """Give back consumed samples ``mine`` of ``ref``'s partial copy; False when a fetch held it."""
+        path = policy.fetcher.path(ref)
+        memo = policy.fetcher._tables.get(path + ".idx")
+        return memo is None or policy.fetcher.punch(ref, memo[2], mine)
 
     def path_of(self, i: int) -> str:
         if i in self._partial and self._kind.get(i) != WHOLE:

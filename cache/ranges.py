@@ -235,11 +235,6 @@ class RangeFetcher:
             lock.release()
         return len(local) - len(missing), len(missing)
 
-    def present(self, ref, local) -> bool:
-        """Whether samples ``local`` of ``ref`` are all in its partial copy and checked, without a
-        lock (False when unsure: ``ensure`` decides under the lock); the caller holds the pin."""
-        return self._all_present(ref, self.path(ref), np.unique(np.asarray(local, np.int64)))
-
     def _all_present(self, ref, path: str, local) -> bool:
         """Whether every sample of ``local`` is in the copy and checked (caller holds the pin)."""
         memo = self._tables.get(path + SIDECAR)
@@ -320,11 +315,6 @@ class RangeFetcher:
         finally:
             lock.release()
         return True
-
-    def punch_consumed(self, ref, local) -> bool:
-        """``punch`` with the copy's known table (nothing to give back without one: nothing was fetched here)."""
-        memo = self._tables.get(self.path(ref) + SIDECAR)
-        return memo is None or self.punch(ref, memo[2], local)
 
     def _punch(self, fd: int, table, consumed: np.ndarray) -> None:
         every = np.arange(len(table), dtype=np.int64)
