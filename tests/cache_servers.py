@@ -42,10 +42,9 @@ class Fault:
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     # Nagle stays on here (each response waits ~44 ms for the client's delayed ACK of its headers):
-    # with TCP_NODELAY two ranks at the exact limit the start check names waited on each other's
-    # ranges until the 60 s timeout (test_ranks_reading_sample_ranges_work_at_the_figure_the_check_names,
-    # 1 run in 3 with two copies at once, 2026-12-03): a race in the budget that fast responses
-    # expose, not yet fixed. The benchmark's and the demo's servers do set it.
+    # with TCP_NODELAY and 4 prefetch / late-range threads, two ranks at the exact limit the start
+    # check names waited out the 60 s timeout (test_ranks_reading_sample_ranges_work_at_the_figure_
+    # the_check_names, 2026-12-03). The benchmark's and the demo's servers do set it.
     server: RangeServer
 
     def log_message(self, *args):  # keep test output quiet
