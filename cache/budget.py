@@ -132,7 +132,7 @@ class Budget:
         return {k: (b, t) for k, (b, t) in entries.items()}, tmp_bytes, temps
 
     def make_room_and_create(self, key: str, suffix: str, size: int, url: str, folder: str | None = None,
-                             headroom: int = 0, for_step: int | None = None) -> str:
+                             headroom: int = 0, for_step: int | None = None, held=None, on_wait=None) -> str:
         """A new temporary for ``key`` of ``size`` bytes, within the budget; the
         caller holds ``key``'s fetch lock (or, with ``folder``, writes a
         metadata file there: ``<folder>/<key>.tmp-...``). Rename it into place
@@ -144,7 +144,14 @@ class Budget:
         still need, ranged_reads.py), and only copies no plan reads; with
         ``for_step`` (the step the bytes are fetched for: the prefetcher's
         guaranteed window), copies whose next use is later than that step
-        (Belady: the reader would evict the same ones to fetch it itself)."""
+        (Belady: the reader would evict the same ones to fetch it itself).
+
+        A fetch that waits for room lets go of ``held`` (its fetch lock) during
+        each wait and takes it again before the next try, and calls ``on_wait()``
+        first (a reader's consumed samples not yet given back): a fetch waiting
+        with its lock held kept others from punching consumed samples out of that
+        copy, and two ranks at the start check's figure could each wait for room
+        only those samples held (ranges.py)."""
         if size > self.limit_bytes:
             raise CacheLimitError(url, f"shard of {size} bytes does not fit a cache limit of {self.limit_bytes} "
                                        f"bytes; raise limit_bytes to at least {size}", size)
@@ -186,7 +193,15 @@ class Budget:
                                            f"{self.wait_timeout_s:.0f} s; raise limit_bytes to at least "
                                            f"{held + size}", held + size)
             t0 = time.monotonic()
-            time.sleep(delay)  # pinned entries are released as readers finish their shards
+            if held is not None:
+                held.release()
+            try:
+                if on_wait is not None:
+                    on_wait()
+                time.sleep(delay)  # pinned entries are released as readers finish their shards
+            finally:
+                if held is not None:
+                    held.acquire()
             self._count(wait_s=time.monotonic() - t0)
             delay = min(delay * 2, 0.5)
 

@@ -93,7 +93,6 @@ class RangePolicy:
         self.batch, self.held = 0, 0  # samples a step, batches the node's ranges hold at once (working_set)
         self.window_bytes = 0  # what a rank's prefetcher may hold for the steps after the readers' next
         self._sized()
-
         self._used = (0.0, 0)
         self.decisions = {WHOLE: 0, RANGES: 0}
 
@@ -313,7 +312,7 @@ class RangedShards(CachedShards):
                 continue
             pin = policy.fetcher.pin(ref)
             try:
-                _, fetched = policy.fetcher.ensure(ref, mine, count)
+                _, fetched = policy.fetcher.ensure(ref, mine, count, on_wait=self._give_back)
             except BaseException:
                 pin.release()
                 raise
@@ -326,15 +325,13 @@ class RangedShards(CachedShards):
 
     def finish(self, token) -> None:
         policy = self.policy() if token or self._unpunched else None
-        later = []
+        self._give_back()
         for _s, ref, mine, pin in token:
             try:
                 if self.punch_consumed and not self._punch(policy, ref, mine):
-                    later.append((ref, mine))
+                    self._unpunched.append((ref, mine))
             finally:
                 pin.release()
-        # a punch skipped (a fetch held the copy) would leave consumed blocks pinned in it for good
-        self._unpunched = [(r, m) for r, m in self._unpunched if not self._punch(policy, r, m)] + later
         if self.forget_view is not None:
             # closed after each read, so never pinned between reads: the worst case counts no kept-open
             # copy (their sidecars), and the next read sees a shard admitted whole since
@@ -343,11 +340,16 @@ class RangedShards(CachedShards):
         for _s, ref, *_ in token:
             policy.fetcher.drop_superseded(ref)  # admitted whole (here or by another rank) while pinned
 
+    def _give_back(self) -> None:
+        """Consumed samples a fetch kept from being punched, tried again: at each finish and while this
+        reader waits for room (in a copy another reader pins, room only this frees)."""
+        if self._unpunched:
+            policy = self.policy()
+            self._unpunched = [(r, m) for r, m in self._unpunched if not self._punch(policy, r, m)]
+
     @staticmethod
-    def _punch(policy, ref, mine) -> bool:
-        """Give back consumed samples ``mine`` of ``ref``'s partial copy; False when a fetch held it."""
-        path = policy.fetcher.path(ref)
-        memo = policy.fetcher._tables.get(path + ".idx")
+    def _punch(policy, ref, mine) -> bool:  # consumed samples given back; False when a fetch held the copy
+        memo = policy.fetcher._tables.get(policy.fetcher.path(ref) + ".idx")
         return memo is None or policy.fetcher.punch(ref, memo[2], mine)
 
     def path_of(self, i: int) -> str:

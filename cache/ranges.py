@@ -149,11 +149,13 @@ class RangeFetcher:
         self.cache._add(wait_s=acquire_timed(pin, shared=True))
         return pin
 
-    def table(self, ref, path: str, count: int, headroom: int = 0, for_step: int | None = None):
-        """The partial copy's sidecar table (fetched and checked if not here yet); caller holds the fetch lock."""
+    def table(self, ref, path: str, count: int, headroom: int = 0, for_step: int | None = None, held=None,
+              on_wait=None):
+        """The partial copy's sidecar table (fetched and checked if not here yet); caller holds the fetch
+        lock (``held``, let go while the fetch waits for room: Budget.make_room_and_create)."""
         side = path + SIDECAR
         if not os.path.exists(side):
-            self._fetch_sidecar(ref, side, count, headroom, for_step)
+            self._fetch_sidecar(ref, side, count, headroom, for_step, held, on_wait)
         st = os.stat(side)
         memo = self._tables.get(side)
         if memo is not None and memo[:2] == (st.st_mtime_ns, st.st_size):
@@ -171,12 +173,14 @@ class RangeFetcher:
         self._tables[side] = (st.st_mtime_ns, st.st_size, table)
         return table
 
-    def _fetch_sidecar(self, ref, side: str, count: int, headroom: int = 0, for_step: int | None = None) -> None:
+    def _fetch_sidecar(self, ref, side: str, count: int, headroom: int = 0, for_step: int | None = None,
+                       held=None, on_wait=None) -> None:
         opts = self.cache.fetch_options
         src = open_source(ref.url + SIDECAR, self.cache.storage_options, opts.stall_s)
         want = _SIDECAR_BASE + _SIDECAR_PER_SAMPLE * int(count)
         key = os.path.basename(side).split(".", 1)[0]
-        tmp = self.cache.budget.make_room_and_create(key, SIDECAR, want, src.url, headroom=headroom, for_step=for_step)
+        room = dict(headroom=headroom, for_step=for_step, held=held, on_wait=on_wait)
+        tmp = self.cache.budget.make_room_and_create(key, SIDECAR, want, src.url, **room)
         try:
             t0 = time.monotonic()
             data = with_retries(src.url, "reading it",
@@ -189,8 +193,7 @@ class RangeFetcher:
                 if size > 64 * want:
                     raise ShardError(src.url, f"sidecar claims {size} bytes for {count} samples (corrupt)")
                 unlink_quiet(tmp)
-                tmp = self.cache.budget.make_room_and_create(key, SIDECAR, size, src.url, headroom=headroom,
-                                                             for_step=for_step)
+                tmp = self.cache.budget.make_room_and_create(key, SIDECAR, size, src.url, **room)
                 data = with_retries(src.url, "reading it", self._asked(lambda: src.read_range(0, size)), opts)
                 self._count(sidecar_requests=2)
                 self.cache._add(bytes_fetched=len(data))
@@ -206,10 +209,11 @@ class RangeFetcher:
             raise
 
     def ensure(self, ref, local, count: int, cancel=None, headroom: int = 0,
-               for_step: int | None = None) -> tuple[int, int]:
+               for_step: int | None = None, on_wait=None) -> tuple[int, int]:
         """Samples ``local`` of shard ``ref`` (of ``count`` samples) present and checked in its
         partial copy; the caller holds its pin. Returns (samples found there, samples fetched).
-        ``headroom``, ``for_step``: a prefetch's terms (Budget.make_room_and_create: NoRoom, not a wait)."""
+        ``headroom``, ``for_step``: a prefetch's terms (Budget.make_room_and_create: NoRoom, not a wait);
+        ``on_wait()``: called while the fetch waits for room, its fetch lock let go."""
         path = self.path(ref)
         local = np.unique(np.asarray(local, np.int64))
         if self._all_present(ref, path, local):  # no lock: a fetch of other samples may be running
@@ -218,7 +222,7 @@ class RangeFetcher:
         lock = FileLock(os.path.join(self.cache.lock_dir, os.path.basename(path) + ".fetch"))
         self.cache._add(wait_s=acquire_timed(lock))
         try:
-            table = self.table(ref, path, count, headroom, for_step)
+            table = self.table(ref, path, count, headroom, for_step, lock, on_wait)
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             try:
                 if os.fstat(fd).st_size != ref.size:
@@ -227,7 +231,8 @@ class RangeFetcher:
                 missing = [i for i in local.tolist() if not self._present(fd, table, i)]
                 self._count(samples_present=len(local) - len(missing))
                 if missing:
-                    self._fetch(ref, fd, table, np.asarray(missing, np.int64), cancel, headroom, for_step)
+                    self._fetch(ref, fd, table, np.asarray(missing, np.int64), cancel, headroom, for_step, lock,
+                                on_wait)
                     self._count(samples_fetched=len(missing))
             finally:
                 os.close(fd)
@@ -262,7 +267,7 @@ class RangeFetcher:
         return len(buf) == e[0] - s[0] and sample_ok(buf, int(s[0]), table, i)
 
     def _fetch(self, ref, fd: int, table, missing: np.ndarray, cancel, headroom: int = 0,
-               for_step: int | None = None) -> None:
+               for_step: int | None = None, held=None, on_wait=None) -> None:
         opts = self.cache.fetch_options
         src = open_source(ref.url, self.cache.storage_options, opts.stall_s)
         start, end = spans(table, missing)
@@ -273,7 +278,7 @@ class RangeFetcher:
 
                 raise Cancelled(ref.url)
             tmp = self.cache.budget.make_room_and_create(key, "", b - a, ref.url, headroom=headroom,
-                                                         for_step=for_step)  # by the lookahead
+                                                         for_step=for_step, held=held, on_wait=on_wait)
             try:
                 t0 = time.monotonic()
                 data = with_retries(ref.url, f"reading bytes {a}-{b - 1}",

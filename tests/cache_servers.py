@@ -41,10 +41,8 @@ class Fault:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    # Nagle stays on here (each response waits ~44 ms for the client's delayed ACK of its headers):
-    # with TCP_NODELAY and 4 prefetch / late-range threads, two ranks at the exact limit the start
-    # check names waited out the 60 s timeout (test_ranks_reading_sample_ranges_work_at_the_figure_
-    # the_check_names, 2026-12-03). The benchmark's and the demo's servers do set it.
+    # headers and body are two writes: with Nagle each response waited ~44 ms for the client's delayed ACK
+    disable_nagle_algorithm = True
     server: RangeServer
 
     def log_message(self, *args):  # keep test output quiet
