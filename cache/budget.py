@@ -65,6 +65,21 @@ class Budget:
         entries, tmp_bytes, _ = self._scan()
         return tmp_bytes + sum(b for b, _ in entries.values())
 
+    def whole_bytes(self) -> int:
+        """Budget bytes outside partial copies: whole shards, their sidecars, temporaries.
+        Partial copies live in ranged_reads' reserve, so a whole shard is never admitted into
+        room they hold only for a moment (it would evict what the plan reads next)."""
+        total = 0
+        with os.scandir(self.data_dir) as it:
+            for e in it:
+                if e.name.startswith(PARTIAL) and ".tmp-" not in e.name:
+                    continue
+                try:
+                    total += e.stat().st_size
+                except FileNotFoundError:
+                    pass
+        return total
+
     def locked(self) -> FileLock:
         """The node-wide lock, for a rename into the budget's folders (``with budget.locked(): ...``)."""
         return FileLock(os.path.join(self.cache_dir, ".cache.lock"))

@@ -23,7 +23,8 @@ batches keep reading that copy until the reader closes it.
 
 ``RangedShards`` is CachedShards with ``prepare(ids)`` / ``finish(token)``
 around each batch read: prepare fetches the batch's ranges (pinned until
-finish) and counts hits and misses per shard of the batch; ``path_of`` then
+finish; the shards the prefetcher did not bring all at once, late_ranges.py)
+and counts hits and misses per shard of the batch; ``path_of`` then
 hands out the partial copy. Consumed samples are punched out of the copy at
 finish when the order reads each sample once per epoch.
 """
@@ -38,6 +39,7 @@ import numpy as np
 
 from shardfeed.cache import cost_model as cm
 from shardfeed.cache.cost_model import RANGE_MIN_SAMPLE_BYTES, CostModel, range_reserve, range_working
+from shardfeed.cache.late_ranges import ensure_all
 from shardfeed.cache.ranges import RangeFetcher, coalesce, spans
 from shardfeed.cache.reads import CachedShards
 from shardfeed.cache.store import ShardRef
@@ -47,7 +49,7 @@ WHOLE, RANGES = "whole", "ranges"
 ENABLED: bool | None = {"0": False, "1": True}.get(os.environ.get("SHARDFEED_CACHE_RANGES", "").strip())
 SIDECAR_SHARE = 0.03  # sidecar bytes per shard byte assumed where none was measured (shardfeed plan)
 NEAR_STEPS = 2  # steps (the current one first) a rank's prefetcher brings ahead as ranges
-RANGE_THREADS = 2  # a rank's prefetch threads for sample ranges (small requests: latency-bound)
+RANGE_THREADS = 4  # a rank's prefetch threads for sample ranges (latency-bound: with 2, 3-5x more came late in the demo)
 RANGED_MAX_OPEN = 64  # whole shards a ranged reader keeps open between reads (its partial copies: none, see finish)
 PLAN_ENTRY_BYTES = 96  # one key's entry in a published lookahead plan (JSON key and step), rounded up
 # a rank's plan file in the budget: its keys (a shard's, and its partial copy's with ranges), twice (the
@@ -92,6 +94,7 @@ class RangePolicy:
         self.headroom = 0  # bytes a prefetch leaves free: what the readers' batches may still need
         self.batch, self.held = 0, 0  # samples a step, batches the node's ranges hold at once (working_set)
         self.window_bytes = 0  # what a rank's prefetcher may hold for the steps after the readers' next
+        self.sample_blocks = cm.BLOCK  # budget bytes one sample's range can take at most (working_set)
         self._sized()
         self._used = (0.0, 0)
         self.decisions = {WHOLE: 0, RANGES: 0}
@@ -106,8 +109,14 @@ class RangePolicy:
                                                          self.held, self.working, self.fixed, self.headroom)
         self.expected = cm.window_held(limit, total, self.sidecar_share, self.samples, self.batch, self.held,
                                        self.reserve)
-        # a rank's prefetcher's share of it: the steps it brings beyond the readers' next (clairvoyant.py)
-        self.window_bytes = 0 if self.fits else int(self.expected * (NEAR_STEPS - 1) / max(1, self.held))
+        # a rank's prefetcher's share of it: the steps it brings beyond the readers' next (clairvoyant.py);
+        # what it brings into a copy a reader pins stays pinned, so the node's windows get only the room
+        # beyond the readers' worst case (at the figure the start check names: none)
+        window = 0 if self.fits else int(self.expected * (NEAR_STEPS - 1) / max(1, self.held))
+        if self.working:
+            spare = max(0, limit - self.fixed - self.working) // max(1, self.held // max(1, NEAR_STEPS - 1))
+            window = min(window, spare // self.sample_blocks * self.sample_bytes())
+        self.window_bytes = window
 
     def sample_bytes(self) -> int:
         """Budget bytes one sample's range holds on average (cost_model.expected_working's unit)."""
@@ -122,6 +131,8 @@ class RangePolicy:
         sizes = np.asarray(index.sizes, np.int64)
         side = int((entry_bytes(index) - sizes).max()) if len(index) else 0
         need = range_working(sizes, index.counts, side, batch, readers)
+        counts = np.asarray(index.counts, np.int64)
+        self.sample_blocks = cm.range_blocks(int(np.max(-(-sizes // np.maximum(counts, 1)), initial=0)))
         held = cm.batches_held(ranks, readers, NEAR_STEPS)
         if need > self.working or not self.fixed or batch > self.batch or held > self.held:  # not every batch
             fixed = self.cache.budget.fixed_bytes(plans=False) + ranks * plan_bytes(len(index), True)
@@ -149,26 +160,11 @@ class RangePolicy:
                 p = _policies[key] = cls(cache, int(np.asarray(index.sizes).sum()), int(index.num_samples))
             return p
 
-    def whole_used(self) -> int:
-        """Budget bytes outside partial copies: whole shards, their sidecars, temporaries.
-        Partial copies live in the reserve, so a whole shard is never admitted into
-        room they hold only for a moment (it would evict what the plan reads next)."""
-        total = 0
-        with os.scandir(self.cache.data_dir) as it:
-            for e in it:
-                if e.name.startswith("r-") and ".tmp-" not in e.name:
-                    continue
-                try:
-                    total += e.stat().st_size
-                except FileNotFoundError:
-                    pass
-        return total
-
     def used(self) -> int:
         t, used = self._used
         now = time.monotonic()
         if now - t > _USED_TTL_S:
-            used = self.whole_used()
+            used = self.cache.budget.whole_bytes()
             self._used = (now, used)
         return used
 
@@ -214,7 +210,7 @@ class RangePolicy:
         cache = self.cache
         key = cache.key_for(ref.url, ref.hash, ref.version)
         with FileLock(os.path.join(cache.cache_dir, ".cache.lock")):
-            used = self.whole_used()
+            used = self.cache.budget.whole_bytes()
             if used + pending + size + self.reserve > cache.limit_bytes:
                 self._used = (time.monotonic(), used)
                 return False
@@ -259,6 +255,7 @@ class RangedShards(CachedShards):
         self.readers = max(1, int(readers))  # every reader of the node
         self.ranks = max(1, int(ranks))  # the node's ranks (each with a prefetcher)
         self._unpunched: list = []  # consumed samples whose punch met a fetch in progress: tried again
+        self._giving = threading.Lock()
         self._partial: set[int] = set()  # shards whose next path_of is their partial copy
         # (shard) -> None: close the reader's open view of a shard between reads (loader/batcher.py sets it)
         self.forget_view = None
@@ -279,12 +276,29 @@ class RangedShards(CachedShards):
         cache = self.spec.open()
         policy = self.policy()
         shard, local = self.index.locate(np.asarray(ids, np.int64))
-        uniq = np.unique(shard)
         policy.working_set(self.index, len(ids), self.readers, self.ranks)
-        token = []
-        pending = 0  # whole shards this read will fetch in path_of
+        token, todo = [], []  # todo: (shard, ref, its samples, its count, pin), pinned
         t0 = time.monotonic()
-        for s in uniq.tolist():
+        try:
+            self._sort_out(cache, policy, shard, local, todo)
+            fetched = ensure_all(policy.fetcher, [(ref, mine, count) for _, ref, mine, count, _ in todo],
+                                 self._give_back)
+        except BaseException:
+            for *_, pin in todo:
+                pin.release()
+            raise
+        for (s, ref, mine, _, pin), n in zip(todo, fetched):
+            self._c["misses" if n else "hits"] += 1
+            self._c["late_samples"] += n
+            self._partial.add(s)
+            token.append((s, ref, mine, pin))
+        self._c["wait_s"] += time.monotonic() - t0
+        return token
+
+    def _sort_out(self, cache, policy, shard, local, todo: list) -> None:
+        """The batch's shards (``shard``, ``local``) needing ranges, pinned into ``todo`` (whole ones: path_of)."""
+        pending = 0  # whole shards this read will fetch in path_of
+        for s in np.unique(shard).tolist():
             if not rangeable(self.index, s):
                 continue
             ref = self.ref(s)
@@ -310,25 +324,14 @@ class RangedShards(CachedShards):
                 self._partial.discard(s)  # its partial copy, if any, is removed once the whole copy is here
                 pending += int(ref.size or 0)
                 continue
-            pin = policy.fetcher.pin(ref)
-            try:
-                _, fetched = policy.fetcher.ensure(ref, mine, count, on_wait=self._give_back)
-            except BaseException:
-                pin.release()
-                raise
-            self._c["misses" if fetched else "hits"] += 1
-            self._c["late_samples"] += fetched
-            self._partial.add(s)
-            token.append((s, ref, mine, pin))
-        self._c["wait_s"] += time.monotonic() - t0
-        return token
+            todo.append((s, ref, mine, count, policy.fetcher.pin(ref)))
 
     def finish(self, token) -> None:
         policy = self.policy() if token or self._unpunched else None
         self._give_back()
         for _s, ref, mine, pin in token:
             try:
-                if self.punch_consumed and not self._punch(policy, ref, mine):
+                if self.punch_consumed and not policy.fetcher.punch_consumed(ref, mine):
                     self._unpunched.append((ref, mine))
             finally:
                 pin.release()
@@ -341,16 +344,13 @@ class RangedShards(CachedShards):
             policy.fetcher.drop_superseded(ref)  # admitted whole (here or by another rank) while pinned
 
     def _give_back(self) -> None:
-        """Consumed samples a fetch kept from being punched, tried again: at each finish and while this
-        reader waits for room (in a copy another reader pins, room only this frees)."""
-        if self._unpunched:
-            policy = self.policy()
-            self._unpunched = [(r, m) for r, m in self._unpunched if not self._punch(policy, r, m)]
-
-    @staticmethod
-    def _punch(policy, ref, mine) -> bool:  # consumed samples given back; False when a fetch held the copy
-        memo = policy.fetcher._tables.get(policy.fetcher.path(ref) + ".idx")
-        return memo is None or policy.fetcher.punch(ref, memo[2], mine)
+        """Consumed samples a fetch kept from being punched, again (at finish; while waiting for room)."""
+        if self._unpunched and self._giving.acquire(blocking=False):  # late_ranges' threads wait at once
+            try:
+                fetcher = self.policy().fetcher
+                self._unpunched = [(r, m) for r, m in self._unpunched if not fetcher.punch_consumed(r, m)]
+            finally:
+                self._giving.release()
 
     def path_of(self, i: int) -> str:
         if i in self._partial and self._kind.get(i) != WHOLE:
@@ -387,13 +387,7 @@ class RangedShards(CachedShards):
         """Discard shard ``i``'s copy found damaged: its partial copy if the reader had
         that open (the next prepare starts a fresh one), else the whole copy."""
         if self._kind.get(i) == RANGES or i in self._partial:
-            from shardfeed.cache.budget import SIDECAR, unlink_quiet
-            from shardfeed.cache.locks import FileLock
-
-            path = self.policy().fetcher.path(self.ref(i))
-            with FileLock(os.path.join(self.spec.open().lock_dir, os.path.basename(path) + ".fetch")):
-                for p in (path, path + SIDECAR):
-                    unlink_quiet(p)  # open views keep their inode and check what they read
+            self.policy().fetcher.discard(self.ref(i))  # open views keep their inode and check what they read
             self._partial.discard(i)
             return True
         return super().refetch(i)

@@ -142,6 +142,13 @@ class RangeFetcher:
             return False
         return self.cache.budget.remove_unpinned(os.path.basename(path))
 
+    def discard(self, ref) -> None:
+        """Remove ``ref``'s partial copy and its sidecar (found damaged; the next fetch starts afresh)."""
+        path = self.path(ref)
+        with FileLock(os.path.join(self.cache.lock_dir, os.path.basename(path) + ".fetch")):
+            for p in (path, path + SIDECAR):
+                unlink_quiet(p)
+
     def pin(self, ref) -> FileLock:
         """A shared pin on ``ref``'s partial copy (release it when done)."""
         name = partial_key(self.cache.key_for(ref.url, ref.hash, ref.version))
@@ -240,6 +247,11 @@ class RangeFetcher:
             lock.release()
         return len(local) - len(missing), len(missing)
 
+    def present(self, ref, local) -> bool:
+        """Whether samples ``local`` of ``ref`` are all in its partial copy and checked, without a
+        lock (False when unsure: ``ensure`` decides under the lock); the caller holds the pin."""
+        return self._all_present(ref, self.path(ref), np.unique(np.asarray(local, np.int64)))
+
     def _all_present(self, ref, path: str, local) -> bool:
         """Whether every sample of ``local`` is in the copy and checked (caller holds the pin)."""
         memo = self._tables.get(path + SIDECAR)
@@ -320,6 +332,11 @@ class RangeFetcher:
         finally:
             lock.release()
         return True
+
+    def punch_consumed(self, ref, local) -> bool:
+        """``punch`` with the copy's known table (nothing to give back without one: nothing was fetched here)."""
+        memo = self._tables.get(self.path(ref) + SIDECAR)
+        return memo is None or self.punch(ref, memo[2], local)
 
     def _punch(self, fd: int, table, consumed: np.ndarray) -> None:
         every = np.arange(len(table), dtype=np.int64)
