@@ -94,7 +94,7 @@ class RangePolicy:
         self.headroom = 0  # bytes a prefetch leaves free: what the readers' batches may still need
         self.batch, self.held = 0, 0  # samples a step, batches the node's ranges hold at once (working_set)
         self.window_bytes = 0  # what a rank's prefetcher may hold for the steps after the readers' next
-        self.sample_blocks = cm.BLOCK  # budget bytes one sample's range can take at most (working_set)
+        self.sample_blocks, self.ranks = cm.BLOCK, 1  # most budget bytes of a sample's range; the node's ranks
         self._sized()
         self._used = (0.0, 0)
         self.decisions = {WHOLE: 0, RANGES: 0}
@@ -114,7 +114,7 @@ class RangePolicy:
         # beyond the readers' worst case (at the figure the start check names: none)
         window = 0 if self.fits else int(self.expected * (NEAR_STEPS - 1) / max(1, self.held))
         if self.working:
-            spare = max(0, limit - self.fixed - self.working) // max(1, self.held // max(1, NEAR_STEPS - 1))
+            spare = max(0, limit - self.fixed - self.working) // self.ranks
             window = min(window, spare // self.sample_blocks * self.sample_bytes())
         self.window_bytes = window
 
@@ -131,10 +131,10 @@ class RangePolicy:
         sizes = np.asarray(index.sizes, np.int64)
         side = int((entry_bytes(index) - sizes).max()) if len(index) else 0
         need = range_working(sizes, index.counts, side, batch, readers)
-        counts = np.asarray(index.counts, np.int64)
-        self.sample_blocks = cm.range_blocks(int(np.max(-(-sizes // np.maximum(counts, 1)), initial=0)))
         held = cm.batches_held(ranks, readers, NEAR_STEPS)
         if need > self.working or not self.fixed or batch > self.batch or held > self.held:  # not every batch
+            stride = -(-sizes // np.maximum(np.asarray(index.counts, np.int64), 1))
+            self.sample_blocks, self.ranks = cm.range_blocks(int(stride.max(initial=0))), max(ranks, self.ranks)
             fixed = self.cache.budget.fixed_bytes(plans=False) + ranks * plan_bytes(len(index), True)
             self.working, self.fixed = max(need, self.working), max(fixed, self.fixed)
             self.headroom = range_working(sizes, index.counts, side, batch, readers, batch_only=True)
