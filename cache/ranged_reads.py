@@ -260,6 +260,7 @@ class RangedShards(CachedShards):
         # (shard) -> None: close the reader's open view of a shard between reads (loader/batcher.py sets it)
         self.forget_view = None
         self._kind: dict[int, str] = {}  # shard -> what its open view reads (WHOLE / RANGES)
+        self.batch_step: int | None = None  # the plan's step of the batch read now (loader/batcher.py sets it)
 
     @property
     def ranged(self) -> bool:
@@ -331,6 +332,8 @@ class RangedShards(CachedShards):
         self._give_back()
         for _s, ref, mine, pin in token:
             try:
+                if self.batch_step is not None:
+                    policy.fetcher.consumed.note(self.batch_step, ref.url, mine)  # before the punch
                 if self.punch_consumed and not policy.fetcher.punch_consumed(ref, mine):
                     self._unpunched.append((ref, mine))
             finally:

@@ -36,6 +36,7 @@ import time
 import numpy as np
 
 from shardfeed.cache.budget import SIDECAR, unlink_quiet
+from shardfeed.cache.consumed import Consumed
 from shardfeed.cache.fetch import with_retries
 from shardfeed.cache.locks import FileLock, acquire_timed
 from shardfeed.cache.sources import open_source
@@ -114,6 +115,7 @@ class RangeFetcher:
         self.cost = cost
         self.on_sidecar = on_sidecar  # (sidecar bytes, shard bytes) of each sidecar fetched
         self._tables: dict[str, tuple] = {}  # sidecar path -> (mtime_ns, size, table)
+        self.consumed = Consumed()  # what this process's readers read and may have punched (consumed.py)
         self._mu = threading.Lock()
         self.counters = {"range_requests": 0, "range_bytes": 0, "sidecar_requests": 0, "samples_fetched": 0,
                          "samples_present": 0}
@@ -220,6 +222,7 @@ class RangeFetcher:
         """Samples ``local`` of shard ``ref`` (of ``count`` samples) present and checked in its
         partial copy; the caller holds its pin. Returns (samples found there, samples fetched).
         ``headroom``, ``for_step``: a prefetch's terms (Budget.make_room_and_create: NoRoom, not a wait);
+        with ``for_step``, samples this process's readers read at that step are left out (consumed.py);
         ``on_wait()``: called while the fetch waits for room, its fetch lock let go."""
         path = self.path(ref)
         local = np.unique(np.asarray(local, np.int64))
@@ -235,6 +238,8 @@ class RangeFetcher:
                 if os.fstat(fd).st_size != ref.size:
                     os.ftruncate(fd, int(ref.size))  # new: all holes, no disk used
                 local = np.unique(np.asarray(local, np.int64))
+                if for_step is not None:  # a prefetch: what the readers read at that step is not wanted again
+                    local = local[~self.consumed.at(for_step, ref.url, local)]
                 missing = [i for i in local.tolist() if not self._present(fd, table, i)]
                 self._count(samples_present=len(local) - len(missing))
                 if missing:

@@ -24,6 +24,7 @@ from shardfeed.formats.errors import ReadError
 from shardfeed.loader import heap
 from shardfeed.loader.batch_seeds import generator, seeded
 from shardfeed.loader.bytes_column import BytesList
+from shardfeed.loader.caching import step_key
 from shardfeed.loader.collate import Blob, Strs, collate_column, default_collate, gathered_column
 from shardfeed.loader.errors import ErrorPolicy
 
@@ -138,6 +139,9 @@ class BatchMaker:
         prepare = getattr(self.cached, "prepare", None)
         if prepare is None:
             return self._read_once(ids, alloc)
+        if hasattr(self.cached, "batch_step"):  # a prefetch for this step leaves what it consumes be
+            key = self.batch_key
+            self.cached.batch_step = None if key is None else step_key(key[1], key[2])
         token = prepare(ids)
         try:
             return self._read_once(ids, alloc)

@@ -50,26 +50,29 @@ def test_near_skips_the_steps_being_read_but_not_past_the_epoch(tmp_path):
     assert [(e, s, ids.tolist()) for e, s, _, ids in feed.near(2, skip=1)] == [(1, 0, p1[:16].tolist())]
 
 
-def test_window_starts_after_the_steps_the_workers_read(tmp_path):
+@pytest.mark.parametrize("workers", [0, 1])
+def test_window_starts_after_the_steps_the_workers_read(tmp_path, workers):
+    """One worker reads the step after the consumer's; without workers the window starts at the
+    consumer's next step (it once started a step before it: the one just read, fetched again)."""
     root = _dataset(tmp_path)
     data = int(open_index(root).sizes.sum())
     with RangeServer(root) as srv:
         ds = ShardDataset(srv.url, shuffle="global", seed=4, cache_dir=str(tmp_path / "c"),
                           cache_limit_bytes=data // 2)
-        with Loader(ds, BATCH, num_workers=1, prefetch=2) as loader:
+        with Loader(ds, BATCH, num_workers=workers, prefetch=2) as loader:
             it = iter(loader)
             for _ in range(3):
                 b = next(it)
                 for k, payload in zip(b["__key__"], b["bin"]):
                     assert bytes(payload) == labelled_sample(int(k), PAYLOAD)["bin"]
             lc = loader._cache
-            assert lc.policy is not None and lc.busy == 1  # one worker reads the step after the consumer's
+            assert lc.policy is not None and lc.busy == workers
             pos = loader._pos
             _, near = lc._plan_samples(pos)
             first = min(step for _, step, _, _ in near)
-            assert first == step_key(pos["epoch"], pos["step"] + 1)
-            ids = loader.feed.plan(pos["epoch"]).positions((pos["step"] + 1) * BATCH,
-                                                            (pos["step"] + 1 + NEAR_STEPS) * BATCH)
+            assert first == step_key(pos["epoch"], pos["step"] + workers)
+            ids = loader.feed.plan(pos["epoch"]).positions((pos["step"] + workers) * BATCH,
+                                                            (pos["step"] + workers + NEAR_STEPS) * BATCH)
             shard, _ = ds.index.locate(ids)
             assert {ref.url for ref, _, _, _ in near} == {lc.shards.ref(s).url for s in np.unique(shard).tolist()}
             assert lc.prefetcher._step == first  # the first planned step is on the readers' terms
