@@ -24,7 +24,6 @@ from shardfeed.formats.errors import ReadError
 from shardfeed.loader import heap
 from shardfeed.loader.batch_seeds import generator, seeded
 from shardfeed.loader.bytes_column import BytesList
-from shardfeed.loader.caching import step_key
 from shardfeed.loader.collate import Blob, Strs, collate_column, default_collate, gathered_column
 from shardfeed.loader.errors import ErrorPolicy
 
@@ -140,6 +139,8 @@ class BatchMaker:
         if prepare is None:
             return self._read_once(ids, alloc)
         if hasattr(self.cached, "batch_step"):  # a prefetch for this step leaves what it consumes be
+            from shardfeed.loader.caching import step_key  # a cache's read only: local reads import none of it
+
             key = self.batch_key
             self.cached.batch_step = None if key is None else step_key(key[1], key[2])
         token = prepare(ids)

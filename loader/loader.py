@@ -168,9 +168,7 @@ class Loader:
         if self._cache is not None:
             if self.num_workers and self._cache.prefetcher is None:
                 self._start_pool()  # fork while no prefetch thread runs (one could hold a lock the child needs)
-            # workers read the steps after the consumer's (one each, up to prefetch x workers in flight);
-            # without workers none is read before the consumer asks (at -1 the sample prefetcher took the
-            # step just read for the next one, and fetched its consumed samples again)
+            # steps after the consumer's that workers read (prefetch x workers in flight); none without workers
             self._cache.busy = max(0, min(self.num_workers, self.num_workers * self.prefetch - 1))
             try:
                 self._cache.start(self._pos)
