@@ -279,6 +279,12 @@ def _machine() -> str:
 
 
 def main(args: argparse.Namespace) -> int:
+    from shardfeed.tools.warm import compile_bytecode
+
+    # every pass is a fresh process: without bytecode caches (PYTHONDONTWRITEBYTECODE, a module edited since
+    # its cache was written) each one compiled shardfeed's stale modules inside its timed pass (batcher.py:
+    # 4-6 ms of a 60-100 ms pass), while the peers' site-packages had pip's caches
+    compile_bytecode()
     run = Run(args)
     out = os.path.abspath(args.out)
     report = {"command": "shardfeed bench compare " + " ".join(sys.argv[3:]) if sys.argv[1:3] == ["bench", "compare"]
