@@ -50,3 +50,24 @@ def test_the_pattern_catches_what_broke_the_clone():
     assert MACHINE_PATH.search('WDS = "{}"'.format("/".join(["", "work", "shared", "data", "wds-testdata"])))
     assert not MACHINE_PATH.search('os.path.join(os.path.dirname(sys.executable), "shardfeed")')
     assert not MACHINE_PATH.search("VENV ?= .venv")
+
+
+def test_every_venv_the_scripts_make_is_ignored_by_git():
+    """Regression for a submission refused whole for its size: `WITH_DALI=1 install_peers.sh` made
+    .venv-dali (a 424 MB wheel installed into it) in the checkout, .gitignore named only .venv and
+    .venv-peers, and `git add -A` took the venv into a commit. Every venv folder a script here makes by
+    default must be ignored."""
+    names = set()
+    for script in ("Makefile", os.path.join("tools", "bench", "install_peers.sh")):
+        with open(os.path.join(ROOT, script)) as f:
+            names.update(re.findall(r"(?<![\w/])(\.venv[\w-]*)", f.read()))
+    assert {".venv", ".venv-peers", ".venv-dali"} <= names, names
+    try:
+        out = subprocess.run(["git", "check-ignore", "--no-index", *[f"{n}/x" for n in sorted(names)]], cwd=ROOT,
+                             capture_output=True, text=True)
+    except OSError:
+        pytest.skip("no git")
+    if out.returncode == 128:
+        pytest.skip(f"not a git checkout: {out.stderr.strip()}")
+    ignored = {line.split("/")[0] for line in out.stdout.split()}
+    assert ignored == names, f"venvs that git would commit: {sorted(names - ignored)}"
