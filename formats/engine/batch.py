@@ -244,7 +244,9 @@ class BatchReader(SteadyRead):
         col_tables = []
         gather = None  # the columnar samples placed by one jitted call (column_gather.py)
         if groups:
-            from shardfeed.formats.engine.column_gather import ColumnGather  # columnar shards only: pyarrow
+            from shardfeed.formats.engine import column_gather, group_decode  # columnar shards only: pyarrow
+
+            group_decode.decode_missing(groups, local, self._tar_gather.threads)  # a global batch's, on 2 threads
 
             pos_of = np.full(len(ids), -1, np.int64)
             pos_of[live] = np.arange(n)
@@ -262,7 +264,7 @@ class BatchReader(SteadyRead):
                     columns.register_fields(decs[0].table, self.field_ids)
                     view.registered = True
                 located.append((rows, decs, gi, grow))
-            gather = ColumnGather.of(located, pos_of, self.field_ids)
+            gather = column_gather.ColumnGather.of(located, pos_of, self.field_ids)
             if gather is not None:
                 col_sizes, col_ksizes = gather.sizes()
                 sizes[gather.prow] += col_sizes
@@ -345,9 +347,8 @@ class BatchReader(SteadyRead):
             return False
         if self.verify and not hfn:  # no native xxh3: the same check from Python
             mv = memoryview(buf)
-            h = xxhash.xxh3_64_intdigest
             st, en = dst_pos[tar_pos].tolist(), dst_pos[tar_pos + 1].tolist()
-            sums = np.array([h(mv[a:b]) for a, b in zip(st, en)], np.uint64)
+            sums = np.array([xxhash.xxh3_64_intdigest(mv[a:b]) for a, b in zip(st, en)], np.uint64)
             del mv
             bad = sums != self.shards.checksums(t_slot, t_local)
         if not bad.any():

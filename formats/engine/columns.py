@@ -5,7 +5,7 @@ sample's other bytes, so a field is ``(starts, sizes)`` into that buffer as
 for tar (size -1: null); string columns are marked ``"text"``. Typed columns
 (numbers, lists...) stay values: one numpy array per field when possible.
 
-Decoded Parquet row groups are kept (``DecodedGroups``), least recently used
+Decoded Parquet row groups are kept (decoded_groups.py), least recently used
 first out, under the process-wide budget for decoded shard bytes held in
 memory (decompressed.py, shared with compressed tars). Why: under ``global``
 order each batch takes a row or two from each of many row groups; decoding a
@@ -24,14 +24,12 @@ pairings").
 from __future__ import annotations
 
 import itertools
-import threading
-from collections import OrderedDict
 
 import numpy as np
 
-from shardfeed.formats.engine import decompressed, group_share
+from shardfeed.formats.engine import group_share
+from shardfeed.formats.engine.decoded_groups import DECODED
 from shardfeed.formats.engine.kernels import copy_ranges
-from shardfeed.formats.errors import ShardError
 from shardfeed.formats.lazy import lazy_module
 from shardfeed.formats.readers import ColumnarShardReader
 from shardfeed.formats.sidecar import as_numpy
@@ -42,65 +40,6 @@ KEY = "__key__"
 _RUN = 8  # rows in a contiguous run taken as stored order (the chance of a random one: nil)
 
 
-class DecodedGroups:
-    """Decoded Parquet row groups of every open shard, LRU, counted against
-    decompressed.py's budget (which calls ``reclaim`` when it is short)."""
-
-    def __init__(self):
-        self._lock = threading.RLock()
-        self._groups: OrderedDict[tuple[int, int], tuple[Decoded, int]] = OrderedDict()
-
-    def get(self, view: int, g: int) -> Decoded | None:
-        with self._lock:
-            got = self._groups.get((view, g))
-            if got is None:
-                return None
-            self._groups.move_to_end((view, g))
-            return got[0]
-
-    def put(self, view: int, g: int, item, path: str) -> None:
-        # acquire may call reclaim (which takes our lock) while holding the
-        # budget's lock: never call it with our lock held
-        try:
-            nbytes = decompressed.acquire(max(int(item.nbytes), 1), path)
-        except ShardError:
-            return  # the budget is held by shards in use: decode this group again when next needed
-        with self._lock:
-            old = self._groups.pop((view, g), None)
-            self._groups[(view, g)] = (item, nbytes)
-        if old is not None:
-            decompressed.release(old[1])
-
-    def reclaim(self, nbytes: int) -> None:
-        freed = []
-        with self._lock:
-            while self._groups and nbytes > 0:
-                _, (_, n) = self._groups.popitem(last=False)
-                freed.append(n)
-                nbytes -= n
-        for n in freed:
-            decompressed.release(n)
-
-    def drop_group(self, view: int, g: int) -> None:
-        with self._lock:
-            got = self._groups.pop((view, g), None)
-        if got is not None:
-            decompressed.release(got[1])
-
-    def drop(self, view: int) -> None:
-        with self._lock:
-            gone = [k for k in self._groups if k[0] == view]
-            freed = [self._groups.pop(k)[1] for k in gone]
-        for n in freed:
-            decompressed.release(n)
-
-    def nbytes(self) -> int:
-        with self._lock:
-            return sum(n for _, n in self._groups.values())
-
-
-DECODED = DecodedGroups()
-decompressed.add_reclaimer(DECODED.reclaim)
 _view_ids = itertools.count()
 
 
@@ -187,8 +126,8 @@ class ColumnarView:
         self._behind = 0  # groups below this one were dropped by a stored-order run
         self.registered = False  # its fields have field ids (one schema per file: registered once)
 
-    def _decoded(self, g: int, wait: bool = True) -> Decoded | None:
-        """Group ``g`` decoded; None (only when not ``wait``) while a sibling worker decodes it."""
+    def decoded(self, g: int, wait: bool = True) -> Decoded | None:
+        """Group ``g`` decoded (and kept); None (only when not ``wait``) while a sibling worker decodes it."""
         got = DECODED.get(self._id, g) if self._parquet else self._mapped.get(g)
         if got is not None:
             return got
@@ -206,6 +145,16 @@ class ColumnarView:
         else:
             self._mapped[g] = dec
         return dec
+
+    def missing_groups(self, local: np.ndarray) -> list[int]:
+        """The groups the rows ``local`` need that are not decoded yet (group_decode.py)."""
+        start = self.reader.group_start
+        if (DECODED.kept.get(self._id, 0) if self._parquet else len(self._mapped)) == len(start) - 1:
+            return []  # every group held: the steady case, one look a shard
+        groups = np.flatnonzero(np.bincount(np.searchsorted(start, local, side="right") - 1, minlength=len(start) - 1))
+        if self._parquet:
+            return [g for g in groups.tolist() if DECODED.get(self._id, g) is None]
+        return [g for g in groups.tolist() if g not in self._mapped]
 
     def locate(self, local: np.ndarray) -> tuple[list[Decoded], np.ndarray, np.ndarray]:
         """The rows ``local`` (indexes in the shard, any order, repeats allowed) as (their
@@ -225,7 +174,7 @@ class ColumnarView:
                 self._behind = g0
             decs = []
             for g in range(g0, g1 + 1):
-                decs.append(self._decoded(g))
+                decs.append(self.decoded(g))
                 if self._parquet and local[-1] >= start[g + 1] - 1:
                     # read to its end in stored order: next needed next epoch, so
                     # give its memory back now (the allocator reuses it at once)
@@ -238,10 +187,10 @@ class ColumnarView:
         uniq = np.flatnonzero(present)
         rank = np.cumsum(present) - 1
         # groups a sibling worker is decoding (group_share.py) are taken last, once it is done
-        decs = [self._decoded(g, wait=False) for g in uniq.tolist()]
+        decs = [self.decoded(g, wait=False) for g in uniq.tolist()]
         for k, dec in enumerate(decs):
             if dec is None:
-                decs[k] = self._decoded(int(uniq[k]))
+                decs[k] = self.decoded(int(uniq[k]))
         return decs, rank[groups], local - start[groups]
 
     def rows(self, local: np.ndarray) -> Rows:
