@@ -15,7 +15,14 @@ epoch, step, rank): the same crops for any ``num_workers`` and after a resume.
 output, needs no more pixels than that (pillow's ``Image.draft``): a 500x375 photo cropped to 128 is
 decoded at a fraction of the cost. The crop box is then mapped onto the reduced image, so the output
 differs from the full decode by the resampling only (measured on real photographs: mean absolute
-difference of a few levels of 255; tests/loader/test_images.py holds the bound). ``draft=False`` is exact.
+difference of a few levels of 255; tests/loader/test_images.py holds the bound).
+
+``resize="torch"`` (the default) resizes a crop decoded at full size with torch's antialiased bilinear
+``interpolate`` on uint8 (what torchvision's tensor transforms run), not pillow's: the same filter, within
+2 levels of 255 of pillow's output (1 level on up to a fifth of the pixels, the rest equal), 2.3-3.7x faster on this machine (500x375 photos to 224: 0.36-0.59 ms
+against pillow's 0.83-2.2 ms, about as long as the decode itself). A reduced decode's fractional box stays
+with pillow, on an image a quarter of the size or less. ``draft=False, resize="pil"`` is exact: torchvision's
+computation on a PIL image, pixel for pixel.
 """
 
 from __future__ import annotations
@@ -53,12 +60,15 @@ class RandomResizedCropFlip:
     ``(3, size, size)`` uint8 array; ``size`` is the Loader stage's image size when it has one."""
 
     def __init__(self, size: int = 224, field: str = "jpg", scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3),
-                 flip: float = 0.5, draft: bool = True):
+                 flip: float = 0.5, draft: bool = True, resize: str = "torch"):
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"size={size!r} must be an int >= 1")
         if not (0 < scale[0] <= scale[1] <= 1) or not (0 < ratio[0] <= ratio[1]):
             raise ValueError(f"scale={scale!r} must satisfy 0 < lo <= hi <= 1 and ratio={ratio!r} 0 < lo <= hi")
+        if resize not in RESIZERS:
+            raise ValueError(f"resize={resize!r} must be one of {', '.join(map(repr, RESIZERS))}")
         self.size, self.field, self.scale, self.ratio, self.flip, self.draft = size, field, scale, ratio, flip, draft
+        self.resize = resize
 
     def __call__(self, sample: dict, image_size: int | None = None) -> dict:
         from PIL import Image
@@ -72,7 +82,10 @@ class RandomResizedCropFlip:
         if self.draft and img.format == "JPEG":
             # the smallest JPEG scale whose crop still holds size x size pixels
             img.draft("RGB", (max(1, math.ceil(width * size / w)), max(1, math.ceil(height * size / h))))
-        img = img.convert("RGB")
+        img = img.convert("RGB") if img.mode != "RGB" else img  # convert of an RGB image is a copy of it
+        if img.size == (width, height) and self.resize == "torch":
+            crop = np.array(img.crop((left, top, left + w, top + h)))  # writable: torch.from_numpy warns on a view
+            return {**sample, self.field: _resized_chw(crop, size, flip)}
         if img.size == (width, height):  # decoded at full size: exactly torchvision's crop, then resize
             out = img.crop((left, top, left + w, top + h)).resize((size, size), Image.BILINEAR)
         else:  # the box on the reduced image (fractional: resize reads the pixels under it)
@@ -82,6 +95,21 @@ class RandomResizedCropFlip:
         if flip:
             out = out.transpose(Image.FLIP_LEFT_RIGHT)
         return {**sample, self.field: np.ascontiguousarray(np.asarray(out).transpose(2, 0, 1))}
+
+
+RESIZERS = ("torch", "pil")
+
+
+def _resized_chw(crop: np.ndarray, size: int, flip: bool) -> np.ndarray:
+    """An (H, W, 3) uint8 crop resized to (3, size, size) uint8 by torch's antialiased bilinear
+    interpolate (its uint8 kernel reads the HWC layout as channels-last, no conversion), flipped."""
+    import torch
+
+    x = torch.from_numpy(crop).permute(2, 0, 1).unsqueeze(0)
+    y = torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear", antialias=True, align_corners=False)[0]
+    if flip:
+        y = y.flip(-1)
+    return y.contiguous().numpy()
 
 
 def reference(data: bytes, size: int, box: tuple, flip: bool) -> np.ndarray:

@@ -8,10 +8,13 @@ scikit-image is installed; ``pip download --no-deps scikit-image`` and unzipping
 the same without installing it), cut and resized to 500x375 (ImageNet's typical size) at random and
 re-encoded as JPEG quality 90, one sample each, 1,000 classes.
 
-Variants (each the same transform, loader/images.py RandomResizedCropFlip, batch 64):
-- **shardfeed**: tar shards, ``ShardDataset(decode=False, transform=...)`` + ``Loader``; at 224 without
-  draft (exact, what torchvision computes), and with pillow's draft at 128, 160 and 224 (the low-res
-  stages of progressive resizing, where libjpeg decodes at 1/2-1/8 scale);
+Variants (each the same transform, loader/images.py RandomResizedCropFlip, batch 64), in one of three modes:
+*exact* (``draft=False, resize="pil"``: torchvision's computation, pixel for pixel), *draft* (pillow's
+reduced-size decoding where the crop allows, pillow's resize) and *fast* (the default: draft, and torch's
+antialiased uint8 resize of a crop decoded at full size):
+- **shardfeed**: tar shards, ``ShardDataset(decode=False, transform=...)`` + ``Loader``; at 224 in each mode,
+  and fast at 160 and 128 (the low-res stages of progressive resizing, where libjpeg decodes at 1/2-1/8
+  scale);
 - **ImageFolder + PIL**: ``ROOT/CLASS/KEY.jpg`` read by a map-style Dataset that opens each file with PIL
   and applies the transform without draft: what torchvision's ImageFolder + RandomResizedCrop +
   RandomHorizontalFlip + PILToTensor does (torchvision itself is not installed here: its PyPI wheel
@@ -24,8 +27,9 @@ Variants (each the same transform, loader/images.py RandomResizedCropFlip, batch
   pkg-config and libturbojpeg, which pip cannot install ("RuntimeError: Could not find required package:
   opencv4" here); its row says so (or, where ffcv imports, that this benchmark has no FFCV pipeline).
 
-Per core = images/s / cores busy (1 at 0 workers, the workers' count otherwise). Passes alternate, median
-of --repeat; each pass counts every image and checks its shape.
+Per core = images/s / cores busy (1 at 0 workers, the workers' count otherwise); torch runs one thread in
+this process (as in a loader worker), so a 0-worker pass uses one core. Passes alternate, median of
+--repeat; each pass counts every image and checks its shape.
 """
 
 from __future__ import annotations
@@ -130,9 +134,13 @@ def _wds_map(transform):
     return lambda s: (transform({"jpg": s["jpg"]})["jpg"], int(s["cls"]))
 
 
-def _batches(variant: str, where: dict, size: int, draft: bool, workers: int):
+MODES = {"exact": {"draft": False, "resize": "pil"}, "draft": {"draft": True, "resize": "pil"},
+         "fast": {"draft": True, "resize": "torch"}}
+
+
+def _batches(variant: str, where: dict, size: int, mode: str, workers: int):
     from shardfeed.loader.images import RandomResizedCropFlip
-    t = RandomResizedCropFlip(size, draft=draft)
+    t = RandomResizedCropFlip(size, **MODES[mode])
     if variant == "shardfeed":
         from shardfeed.loader import Loader, ShardDataset
         with Loader(ShardDataset(where["tar"], shuffle="global", decode=False, transform=t), batch_size=BATCH,
@@ -154,10 +162,10 @@ def _batches(variant: str, where: dict, size: int, draft: bool, workers: int):
         yield x
 
 
-def _pass(variant, where, size, draft, workers, n) -> dict:
+def _pass(variant, where, size, mode, workers, n) -> dict:
     t0 = time.perf_counter()
     count = 0
-    for x in _batches(variant, where, size, draft, workers):
+    for x in _batches(variant, where, size, mode, workers):
         shape = tuple(x.shape) if hasattr(x, "shape") else (len(x), *np.asarray(x[0]).shape)
         if shape[1:] != (3, size, size):
             return {"status": f"FAILED: batch of shape {shape}"}
@@ -167,8 +175,9 @@ def _pass(variant, where, size, draft, workers, n) -> dict:
     return {"status": "ok", "rate": count / (time.perf_counter() - t0)}
 
 
-VARIANTS = [("shardfeed", 224, False), ("shardfeed", 224, True), ("shardfeed", 160, True), ("shardfeed", 128, True),
-            ("imagefolder", 224, False), ("webdataset", 224, False), ("dali", 224, False), ("ffcv", 224, False)]
+VARIANTS = [("shardfeed", 224, "exact"), ("shardfeed", 224, "draft"), ("shardfeed", 224, "fast"),
+            ("shardfeed", 160, "fast"), ("shardfeed", 128, "fast"), ("imagefolder", 224, "exact"),
+            ("webdataset", 224, "exact"), ("dali", 224, "exact"), ("ffcv", 224, "exact")]
 LABELS = {"shardfeed": "shardfeed", "imagefolder": "ImageFolder + PIL DataLoader (torchvision's computation)",
           "webdataset": "webdataset", "dali": "DALI CPU pipeline (readers.file + image_random_crop)",
           "ffcv": "FFCV"}
@@ -202,6 +211,17 @@ def _ffcv_status() -> str:
 
 
 def main(args: argparse.Namespace) -> int:
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the fast mode's resize: one core at 0 workers, as in a loader worker
+    try:
+        return _run(args)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(args: argparse.Namespace) -> int:
     out = os.path.abspath(args.out)
     photos = _photos(args.photos)
     data = os.path.join(out, "data", f"images-{args.samples}")
@@ -224,10 +244,10 @@ def main(args: argparse.Namespace) -> int:
                     r = {"status": f"skipped: cannot import ({e})"}
                 runs.setdefault((*v, w), []).append(r)
     rows = []
-    for (v, size, draft, w), rs in runs.items():
+    for (v, size, mode, w), rs in runs.items():
         bad = next((r for r in rs if r["status"] != "ok"), None)
         rate = None if bad else statistics.median(r["rate"] for r in rs)
-        rows.append({"variant": v, "size": size, "draft": draft, "workers": w, "status": bad["status"] if bad else "ok",
+        rows.append({"variant": v, "size": size, "mode": mode, "workers": w, "status": bad["status"] if bad else "ok",
                      "images_per_s": rate, "per_core": rate / max(1, w) if rate else None})
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     report = {"samples": args.samples, "photos": [os.path.basename(p) for p in photos], "repeat": args.repeat,
@@ -235,10 +255,10 @@ def main(args: argparse.Namespace) -> int:
     lines = [f"`shardfeed bench images`: {args.samples:,} JPEGs (500x375, quality 90) cut from {len(photos)} "
              f"photographs ({', '.join(report['photos'])}), RandomResizedCrop + flip -> uint8 CHW in the workers, "
              f"batch {BATCH}, median of {args.repeat} passes; {report['machine']}.", "",
-             "| variant | size | draft | workers | images/s | per core | status |", "|---|--:|---|--:|--:|--:|---|"]
+             "| variant | size | mode | workers | images/s | per core | status |", "|---|--:|---|--:|--:|--:|---|"]
     for r in rows:
         f = (lambda x: "–" if x is None else f"{x:,.0f}")
-        lines.append(f"| {LABELS[r['variant']]} | {r['size']} | {'yes' if r['draft'] else 'no'} | {r['workers']} "
+        lines.append(f"| {LABELS[r['variant']]} | {r['size']} | {r['mode'] if r['variant'] not in ('dali', 'ffcv') else 'its own'} | {r['workers']} "
                      f"| {f(r['images_per_s'])} | {f(r['per_core'])} | {r['status']} |")
     md = "\n".join(lines) + "\n"
     with open(os.path.join(out, "bench_images.json"), "w") as fh:
