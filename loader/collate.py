@@ -282,13 +282,22 @@ def default_collate(samples: list[dict]) -> dict:
     return out
 
 
+class Ready:
+    """A batch materialized already (loader/read_ahead.py): ``materialize`` hands it out as it is."""
+
+    __slots__ = ("batch",)
+
+    def __init__(self, batch):
+        self.batch = batch
+
+
 def materialize(columns: Any, pin_memory: bool = False, bytes_as: str = "bytes") -> Any:
     """What the user sees: tensors and lists. Arrays are copied out (their
     memory may be a reused shared-memory slot) unless made for this batch
     alone (OwnedArray); byte fields too, unless ``bytes_as`` asks for views
     (views.py). Raw numeric fields of unequal lengths become 1-D tensors."""
     if not isinstance(columns, dict):
-        return columns
+        return columns.batch if type(columns) is Ready else columns
     if bytes_as != "bytes":
         view = Blob.to_tensors if bytes_as == "tensor" else Blob.to_jagged
         columns = {name: view(col, pin_memory) if isinstance(col, Blob) and not col.text else col

@@ -29,7 +29,7 @@ import torch
 from shardfeed.formats.lazy import first_gc_paused
 from shardfeed.loader import autotune
 from shardfeed.loader import state as _state
-from shardfeed.loader.batch_seeds import maker_of, set_batch
+from shardfeed.loader.batch_seeds import maker_of
 from shardfeed.loader.dataset import ShardDataset
 from shardfeed.loader.schedule import BatchSchedule, Stage
 from shardfeed.loader.stats import LoaderStats
@@ -224,22 +224,17 @@ class Loader:
             if self.bytes_as == "bytes" and hasattr(maker_of(self._maker), "gather_into_bytes"):
                 maker_of(self._maker).gather_into_bytes()  # this process hands the bytes out: read into them
             if threads:
-                self._allow_threads()
-        maker = self._maker
-        hint = getattr(maker, "hint", None)
-        for item in feed:
-            if hint is not None:
-                hint(item.plan, item.start, item.stop)
-            set_batch(maker, self._batch_key(item))
-            cols, info = maker.make(item.ids(), item.image_size)
-            yield item, cols, info
+                self._allow_threads(ahead=True)
+        from shardfeed.loader.read_ahead import batches  # the next batch read on a thread where it may be
 
-    def _allow_threads(self) -> None:
-        reader = getattr(self._maker, "reader", None)
-        if hasattr(reader, "allow_threads"):  # this process reads alone: a free core may take half a batch
-            from shardfeed.formats.engine.split_gather import threads_allowed
+        ahead = threads and getattr(self, "_read_ahead", False)
+        yield from batches(self._maker, feed, self._batch_key, self.pin_memory, self.bytes_as, ahead)
 
-            reader.allow_threads(threads_allowed())
+    def _allow_threads(self, ahead: bool = False) -> None:
+        from shardfeed.loader import read_ahead  # this process reads alone: threads on a free core
+
+        self._read_ahead = ahead and read_ahead.wanted(self, self._maker)
+        read_ahead.allow_split(self._maker, True)
 
     def _worker_batches(self, feed):
         """(item, columns, info) from the workers, in step order: step s is made by
