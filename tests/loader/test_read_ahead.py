@@ -19,9 +19,8 @@ from conftest import flip_byte, labelled_sample
 from shardfeed.formats import open_index
 from shardfeed.formats.errors import ShardError
 from shardfeed.formats.readers import open_shard
-from shardfeed.loader import Loader, ShardDataset
+from shardfeed.loader import Loader, ShardDataset, read_ahead
 from shardfeed.loader import batcher as batcher_module
-from shardfeed.loader import read_ahead
 
 AWAY_S = 0.004  # the consumer's step: long next to reading a batch of these small samples
 
