@@ -19,9 +19,10 @@ difference of a few levels of 255; tests/loader/test_images.py holds the bound).
 
 ``resize="torch"`` (the default) resizes a crop decoded at full size with torch's antialiased bilinear
 ``interpolate`` on uint8 (what torchvision's tensor transforms run), not pillow's: the same filter, within
-2 levels of 255 of pillow's output (1 level on up to a fifth of the pixels, the rest equal), 2.3-3.7x faster on this machine (500x375 photos to 224: 0.36-0.59 ms
-against pillow's 0.83-2.2 ms, about as long as the decode itself). A reduced decode's fractional box stays
-with pillow, on an image a quarter of the size or less. ``draft=False, resize="pil"`` is exact: torchvision's
+2 levels of 255 of pillow's output (1 level on up to a fifth of the pixels, the rest equal), 2.3-3.7x
+faster on this machine (500x375 photos to 224: 0.36-0.59 ms against pillow's 0.83-2.2 ms, about as long
+as the decode itself). A reduced decode's fractional box stays with pillow, on an image a quarter of the
+size or less. ``draft=False, resize="pil"`` is exact: torchvision's
 computation on a PIL image, pixel for pixel.
 """
 
@@ -83,11 +84,11 @@ class RandomResizedCropFlip:
             # the smallest JPEG scale whose crop still holds size x size pixels
             img.draft("RGB", (max(1, math.ceil(width * size / w)), max(1, math.ceil(height * size / h))))
         img = img.convert("RGB") if img.mode != "RGB" else img  # convert of an RGB image is a copy of it
-        if img.size == (width, height) and self.resize == "torch":
-            crop = np.array(img.crop((left, top, left + w, top + h)))  # writable: torch.from_numpy warns on a view
-            return {**sample, self.field: _resized_chw(crop, size, flip)}
         if img.size == (width, height):  # decoded at full size: exactly torchvision's crop, then resize
-            out = img.crop((left, top, left + w, top + h)).resize((size, size), Image.BILINEAR)
+            crop = img.crop((left, top, left + w, top + h))
+            if self.resize == "torch":  # np.array: writable (torch.from_numpy warns on a read-only view)
+                return {**sample, self.field: _resized_chw(np.array(crop), size, flip)}
+            out = crop.resize((size, size), Image.BILINEAR)
         else:  # the box on the reduced image (fractional: resize reads the pixels under it)
             sx, sy = img.size[0] / width, img.size[1] / height
             box = (left * sx, top * sy, (left + w) * sx, (top + h) * sy)
