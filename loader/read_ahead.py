@@ -39,6 +39,8 @@ import numpy as np
 from shardfeed.loader.batch_seeds import set_batch
 from shardfeed.loader.collate import Ready, materialize
 
+THREAD_NAME = "shardfeed-read-ahead"
+
 
 def wanted(loader, maker) -> bool:
     """Whether ``loader`` (at num_workers=0) reads ahead with ``maker``."""
@@ -97,8 +99,7 @@ def batches(maker, feed, key_of, pin_memory: bool, bytes_as: str, ahead: bool):
         got = maker.make(ids, item.image_size, alloc=bufs.alloc)
         return got, time.perf_counter() - t0
 
-    thread = threading.Thread(target=_serve, args=(read, jobs, done), name="shardfeed-read-ahead", daemon=True)
-    thread.start()
+    thread = None  # started at the first read ahead: a consumer that never steps away never has one
     pace = Pace()
     in_flight = False
     try:
@@ -118,6 +119,9 @@ def batches(maker, feed, key_of, pin_memory: bool, bytes_as: str, ahead: bool):
             nxt = next(items, None)
             bufs.turn ^= 1
             if nxt is not None and pace.ahead():
+                if thread is None:
+                    thread = threading.Thread(target=_serve, args=(read, jobs, done), name=THREAD_NAME, daemon=True)
+                    thread.start()
                 jobs.put((nxt, nxt.ids()))  # the plan's arithmetic on this thread: the feed is not shared
                 in_flight = True
             away = time.perf_counter()
@@ -127,8 +131,9 @@ def batches(maker, feed, key_of, pin_memory: bool, bytes_as: str, ahead: bool):
     finally:
         if in_flight:
             done.get()  # never leave the thread reading into a buffer or a reader someone else uses next
-        jobs.put(None)
-        thread.join()
+        if thread is not None:
+            jobs.put(None)
+            thread.join()
 
 
 class Pace:

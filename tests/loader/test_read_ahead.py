@@ -138,20 +138,40 @@ def test_a_state_saved_with_a_read_in_flight_resumes_exactly(make_dataset, monke
     assert head + rest == whole
 
 
+def _read_ahead_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name == read_ahead.THREAD_NAME}
+
+
 def test_leaving_the_loop_waits_for_the_read_and_ends_the_thread(make_dataset, monkeypatch):
     root = make_dataset(300, shard_samples=70)
     monkeypatch.setenv("SHARDFEED_READ_AHEAD", "1")
+    before = _read_ahead_threads()  # another test's abandoned iterator may hold one until it is collected
+    ours = set()
     with Loader(ShardDataset(root, shuffle="global", seed=2), batch_size=16) as ld:
         for i, _ in enumerate(ld):
             time.sleep(AWAY_S)
+            ours |= _read_ahead_threads() - before
             if i == 5:
                 break
         again = [b["__key__"] for b in ld]  # the rest of the epoch, from where the loop left
         assert len(again) == 19 - 6
-    deadline = time.monotonic() + 5
-    while any(t.name == "shardfeed-read-ahead" for t in threading.enumerate()) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert not any(t.name == "shardfeed-read-ahead" for t in threading.enumerate())
+    assert ours, "the loop never read ahead: nothing here was tested"
+    for t in ours:
+        t.join(5)
+        assert not t.is_alive()
+
+
+def test_a_consumer_that_never_steps_away_starts_no_thread(make_dataset, monkeypatch):
+    """The thread starts with the first read ahead: an iterator left unfinished (a notebook's, a
+    doc's) by a bare loop holds no idle thread until it is collected."""
+    root = make_dataset(300, shard_samples=70)
+    monkeypatch.setenv("SHARDFEED_READ_AHEAD", "1")
+    before = _read_ahead_threads()
+    with Loader(ShardDataset(root, shuffle="global", seed=2), batch_size=16) as ld:
+        it = iter(ld)
+        next(it)  # the first batch is read in turn, with no pace measured yet
+        assert ld._read_ahead
+        assert _read_ahead_threads() == before
 
 
 def test_only_the_plain_fast_path_reads_ahead(make_dataset, monkeypatch):
