@@ -26,6 +26,7 @@ from shardfeed.loader.batch_seeds import generator, seeded
 from shardfeed.loader.bytes_column import BytesList
 from shardfeed.loader.collate import Blob, Strs, collate_column, default_collate, gathered_column
 from shardfeed.loader.errors import ErrorPolicy
+from shardfeed.loader.scratch import Scratch
 
 AHEAD_BATCHES = 8  # of its own next batches whose compressed shards a reader decompresses ahead
 
@@ -74,7 +75,7 @@ class BatchMaker:
         self.restore_rng = True  # put the process's global RNG states back after a batch (False in a worker)
         self.collate_fn = collate_fn
         self.unsafe = tuple(unsafe)
-        self._buf: np.ndarray | None = None
+        self._scratch = Scratch()  # the fast path's batch buffer: its columns are valid until the next make()
         self._codecs: dict[str, str] = {}  # field name -> codec (_codec), as decode and unsafe are fixed
         # compressed tars in place: decompress the shards of this reader's next batches in a thread
         self.ahead = None
@@ -84,13 +85,6 @@ class BatchMaker:
             from shardfeed.formats.engine.decompress_ahead import DecompressAhead
 
             self.ahead = DecompressAhead()
-
-    def _scratch(self, n: int) -> np.ndarray:
-        # One reused buffer: a fresh one per batch costs a page fault per 4 KiB
-        # (malloc hands out new mmapped pages for large blocks).
-        if self._buf is None or len(self._buf) < n:
-            self._buf = np.empty(max(n, int(n * 1.25)), np.uint8)
-        return self._buf[:n]
 
     def gather_into_bytes(self) -> bool:
         """Gather large undecoded byte fields straight into the ``bytes`` handed out
@@ -186,7 +180,7 @@ class BatchMaker:
         t0 = time.perf_counter()
         fast = self.transform is None and self.collate_fn is None
         if fast and alloc is None:
-            alloc = self._scratch  # the columns returned are valid until the next make()
+            alloc = self._scratch.alloc
         raw = self._read(ids, alloc if fast else None)
         t1 = time.perf_counter()
         errors = list(raw.errors)

@@ -30,14 +30,12 @@ position stays that of the last batch handed out (``Loader.state_dict``).
 from __future__ import annotations
 
 import os
-import queue
-import threading
 import time
 
-import numpy as np
-
+from shardfeed.formats.engine.helper_thread import Helper
 from shardfeed.loader.batch_seeds import set_batch
 from shardfeed.loader.collate import Ready, materialize
+from shardfeed.loader.scratch import Scratch
 
 THREAD_NAME = "shardfeed-read-ahead"
 
@@ -63,21 +61,6 @@ def allow_split(maker, split: bool) -> None:
         reader.allow_threads(threads_allowed() if split else 1)
 
 
-class _Buffers:
-    """Two reused batch buffers, handed out in turn (a fresh one per batch costs a page fault per 4 KiB)."""
-
-    def __init__(self):
-        self._bufs: list[np.ndarray | None] = [None, None]
-        self.turn = 0
-
-    def alloc(self, n: int) -> np.ndarray:
-        k = self.turn
-        buf = self._bufs[k]
-        if buf is None or len(buf) < n:
-            buf = self._bufs[k] = np.empty(max(n, int(n * 1.25)), np.uint8)
-        return buf[:n]
-
-
 def batches(maker, feed, key_of, pin_memory: bool, bytes_as: str, ahead: bool):
     """(item, columns or Ready(batch), info) for each step of ``feed``: with ``ahead``, each read on a
     thread while the previous one is out with the consumer (see the module's docstring); else each read
@@ -85,10 +68,9 @@ def batches(maker, feed, key_of, pin_memory: bool, bytes_as: str, ahead: bool):
     if not ahead:
         yield from _in_turn(maker, feed, key_of)
         return
-    bufs = _Buffers()
+    bufs = (Scratch(), Scratch())  # in turn: a view form's batch stays intact while the next is read
+    turn = 0
     hint = getattr(maker, "hint", None)
-    jobs: queue.SimpleQueue = queue.SimpleQueue()
-    done: queue.SimpleQueue = queue.SimpleQueue()
 
     def read(job):
         item, ids = job
@@ -96,10 +78,10 @@ def batches(maker, feed, key_of, pin_memory: bool, bytes_as: str, ahead: bool):
             hint(item.plan, item.start, item.stop)
         set_batch(maker, key_of(item))
         t0 = time.perf_counter()
-        got = maker.make(ids, item.image_size, alloc=bufs.alloc)
+        got = maker.make(ids, item.image_size, alloc=bufs[turn].alloc)
         return got, time.perf_counter() - t0
 
-    thread = None  # started at the first read ahead: a consumer that never steps away never has one
+    helper = Helper(THREAD_NAME)  # its thread starts at the first read ahead: a bare loop never has one
     pace = Pace()
     in_flight = False
     try:
@@ -107,7 +89,7 @@ def batches(maker, feed, key_of, pin_memory: bool, bytes_as: str, ahead: bool):
         item = next(items, None)
         while item is not None:
             if in_flight:
-                ok, got = done.get()
+                ok, got = helper.wait()
                 in_flight = False
                 if not ok:
                     raise got
@@ -117,12 +99,9 @@ def batches(maker, feed, key_of, pin_memory: bool, bytes_as: str, ahead: bool):
             pace.read(read_s)
             batch = materialize(cols, pin_memory, bytes_as)  # before the next read reuses the reader
             nxt = next(items, None)
-            bufs.turn ^= 1
+            turn ^= 1
             if nxt is not None and pace.ahead():
-                if thread is None:
-                    thread = threading.Thread(target=_serve, args=(read, jobs, done), name=THREAD_NAME, daemon=True)
-                    thread.start()
-                jobs.put((nxt, nxt.ids()))  # the plan's arithmetic on this thread: the feed is not shared
+                helper.submit(read, (nxt, nxt.ids()))  # the plan's arithmetic on this thread: the feed is not shared
                 in_flight = True
             away = time.perf_counter()
             yield item, Ready(batch), info
@@ -130,10 +109,8 @@ def batches(maker, feed, key_of, pin_memory: bool, bytes_as: str, ahead: bool):
             item = nxt
     finally:
         if in_flight:
-            done.get()  # never leave the thread reading into a buffer or a reader someone else uses next
-        if thread is not None:
-            jobs.put(None)
-            thread.join()
+            helper.wait()  # never leave the thread reading into a buffer or a reader someone else uses next
+        helper.close(join=True)
 
 
 class Pace:
@@ -166,14 +143,3 @@ def _in_turn(maker, feed, key_of):
         set_batch(maker, key_of(item))
         cols, info = maker.make(item.ids(), item.image_size)
         yield item, cols, info
-
-
-def _serve(read, jobs: queue.SimpleQueue, done: queue.SimpleQueue) -> None:
-    while True:
-        job = jobs.get()
-        if job is None:
-            return
-        try:
-            done.put((True, read(job)))
-        except BaseException as e:  # handed to the consumer's thread, which raises it at this batch
-            done.put((False, e))

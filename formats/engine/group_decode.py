@@ -19,17 +19,13 @@ as it always does, so errors and their order are those of one thread.
 
 from __future__ import annotations
 
-import os
-import queue
-import threading
-
 import numpy as np
+
+from shardfeed.formats.engine.helper_thread import Helper
 
 MIN_GROUPS = 4  # fewer missing groups are decoded where they are needed: a handoff costs ~50 us
 
-_pid = -1
-_jobs: queue.SimpleQueue | None = None
-_done: queue.SimpleQueue | None = None
+_helper = Helper("shardfeed-group-decode")  # one a process: group decodes never overlap (one reading thread)
 
 
 def decode_missing(groups: list, local: np.ndarray, threads: int) -> int:
@@ -56,12 +52,11 @@ def decode_missing(groups: list, local: np.ndarray, threads: int) -> int:
             mine.append(item)
     if not theirs:
         return 0
-    _ensure_thread()
-    _jobs.put(theirs)
+    _helper.submit(_decode, theirs)
     try:
         _decode(mine)
     finally:
-        _done.get()  # the helper is idle again before the batch's rows are placed
+        _helper.wait()  # the helper is idle again before the batch's rows are placed
     return n_theirs
 
 
@@ -72,22 +67,3 @@ def _decode(work: list) -> None:
                 view.decoded(g)
             except Exception:  # noqa: BLE001 - locate decodes it again on the reading thread and raises there
                 break  # the shard's other groups too: the reading thread meets its error first
-
-
-def _ensure_thread() -> None:
-    # per process: a forked child has the queues but not the thread
-    global _pid, _jobs, _done
-    if _pid == os.getpid():
-        return
-    _pid = os.getpid()
-    _jobs, _done = queue.SimpleQueue(), queue.SimpleQueue()
-    threading.Thread(target=_serve, args=(_jobs, _done), name="shardfeed-group-decode", daemon=True).start()
-
-
-def _serve(jobs: queue.SimpleQueue, done: queue.SimpleQueue) -> None:
-    while True:
-        work = jobs.get()
-        try:
-            _decode(work)
-        finally:
-            done.put(None)

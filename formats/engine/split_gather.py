@@ -31,12 +31,11 @@ row of the batch in the same form.
 from __future__ import annotations
 
 import os
-import queue
-import threading
 import time
 
 import numpy as np
 
+from shardfeed.formats.engine.helper_thread import Helper
 from shardfeed.formats.engine.kernels import tar_gather
 
 MIN_RUNS = 64  # a batch of fewer runs of adjacent bytes is one call
@@ -81,9 +80,7 @@ class SplitGather:
         self.threads = 1
         self._iov = np.zeros_like(iov)  # the helper thread's own scratch
         self._junk = np.empty_like(junk)
-        self._pid = -1
-        self._jobs: queue.SimpleQueue | None = None
-        self._done: queue.SimpleQueue | None = None
+        self._helper = Helper("shardfeed-gather-half")
         self.cost = [0.0, 0.0]  # seconds per sample: [one call, split]; the way in use: a moving average
         self.seen = [0, 0]  # batches timed each way
         self.split = False  # the way in use
@@ -134,16 +131,15 @@ class SplitGather:
     def _split(self, table, slot, local, rows, dst, dst_pos, fstart, fsize, kbuf, kpos, hash_fn, bad, io_fn,
                iov, junk, faddr, xs):
         h = len(local) // 2
-        self._ensure_thread()
         # the second half: its own rows, key positions and bad flags (views), its own scratch and hash state
-        self._jobs.put((table, slot[h:], local[h:], rows[h:], dst, dst_pos, fstart, fsize, kbuf, kpos[h:],
-                        hash_fn, bad[h:], io_fn, self._iov, self._junk, faddr, xs[1]))
+        self._helper.submit(tar_gather, table, slot[h:], local[h:], rows[h:], dst, dst_pos, fstart, fsize, kbuf,
+                            kpos[h:], hash_fn, bad[h:], io_fn, self._iov, self._junk, faddr, xs[1])
         try:
             first = tar_gather(table, slot[:h], local[:h], rows[:h], dst, dst_pos, fstart, fsize, kbuf, kpos,
                                hash_fn, bad[:h], io_fn, iov, junk, faddr, xs[0])
         finally:
-            second = self._done.get()  # never leave the helper writing into a buffer we hand back
-        if isinstance(second, BaseException):
+            ok, second = self._helper.wait()  # never leave the helper writing into a buffer we hand back
+        if not ok:
             raise second
         if first[1]:
             return first[0] + second[0], first[1], first[2]
@@ -151,27 +147,5 @@ class SplitGather:
             return first[0] + second[0], second[1], second[2] + h
         return first[0] + second[0], 0, 0
 
-    def _ensure_thread(self) -> None:
-        # per process: a forked child has the queues but not the thread
-        if self._pid == os.getpid():
-            return
-        self._pid = os.getpid()
-        self._jobs, self._done = queue.SimpleQueue(), queue.SimpleQueue()
-        threading.Thread(target=_serve, args=(self._jobs, self._done), name="shardfeed-gather-half",
-                         daemon=True).start()
-
     def close(self) -> None:
-        if self._pid == os.getpid() and self._jobs is not None:
-            self._jobs.put(None)
-        self._pid, self._jobs, self._done = -1, None, None
-
-
-def _serve(jobs: queue.SimpleQueue, done: queue.SimpleQueue) -> None:
-    while True:
-        job = jobs.get()
-        if job is None:
-            return
-        try:
-            done.put(tar_gather(*job))
-        except BaseException as e:  # handed to the reading thread, which raises it
-            done.put(e)
+        self._helper.close()
