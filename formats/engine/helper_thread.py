@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import queue
+import sys
 import threading
 
 
@@ -49,7 +50,7 @@ class Helper:
         """End the thread (after the call in flight, if any); ``join``: wait until it has ended."""
         if self.started and self._jobs is not None:
             self._jobs.put(None)
-            if join:
+            if join and not sys.is_finalizing():  # a daemon thread may be stopped mid-way then: never joined
                 self._thread.join()
         self._pid, self._jobs, self._done, self._thread = -1, None, None, None
 

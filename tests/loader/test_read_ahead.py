@@ -201,3 +201,30 @@ def test_pace_reads_ahead_only_for_a_consumer_away_long_enough():
         pace.away(0.003)
     assert pace.ahead()
     assert np.isclose(pace.read_s, 0.002)
+
+
+EXIT_WITH_A_LIVE_ITERATOR = """
+import sys, time
+from shardfeed.loader import Loader, ShardDataset
+loader = Loader(ShardDataset(sys.argv[1], shuffle="global", seed=2), batch_size=16)
+it = iter(loader)
+for _ in range(10):
+    next(it)
+    time.sleep(0.02)  # away: the next batch is read ahead, so the thread runs
+    if any(t.name == "shardfeed-read-ahead" for t in __import__("threading").enumerate()):
+        break
+else:
+    sys.exit("never read ahead: nothing tested")
+print("left", flush=True)  # the iterator and its thread are still alive when the interpreter ends
+"""
+
+
+def test_a_process_ends_with_an_iterator_still_reading_ahead(make_dataset):
+    import subprocess
+    import sys
+
+    root = make_dataset(300, shard_samples=70)
+    done = subprocess.run([sys.executable, "-c", EXIT_WITH_A_LIVE_ITERATOR, root], capture_output=True, text=True,
+                          timeout=60, env={**__import__("os").environ, "SHARDFEED_READ_AHEAD": "1"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "left"
