@@ -41,7 +41,7 @@ if TYPE_CHECKING:  # the read path and a followed stream's feed, imported when u
 _BLOCK = 64  # positions per block when a torch DataLoader's workers split a plan
 
 
-class ShardDataset(torch.utils.data.IterableDataset):
+class ShardDataset(_topology.Placed, torch.utils.data.IterableDataset):
     """Samples ``{"__key__": str, FIELD: value}`` of this rank's share of an epoch.
 
     source: a dataset folder, a ``.tar`` file or a ``file://`` URL. shuffle:
@@ -174,19 +174,6 @@ class ShardDataset(torch.utils.data.IterableDataset):
         self.epoch = 0
         self.image_size: int | None = None  # set by a Loader's schedule
         self._spec: PlanSpec | None = None
-
-    @property
-    def rank(self) -> int:
-        return self.topology.rank
-
-    @property
-    def world_size(self) -> int:
-        return self.topology.world_size
-
-    def set_epoch(self, epoch: int) -> None:
-        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
-            raise ValueError(f"epoch={epoch!r} must be an int >= 0")
-        self.epoch = int(epoch)
 
     # -- plans ----------------------------------------------------------
     @property

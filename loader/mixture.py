@@ -44,7 +44,7 @@ from shardfeed.loader.schedule import BatchSchedule
 from shardfeed.shuffling.mixture_counts import MixtureCounts, stages
 
 
-class Mixture:
+class Mixture(_topology.Placed):
     """Several datasets mixed with exact per-epoch counts (see the module docstring).
 
     sources: paths / URLs or ShardDataset objects. weights: one number >= 0
@@ -134,19 +134,6 @@ class Mixture:
             self.weights_at(0)  # check the first epoch's counts now
 
     # -- topology and epochs ------------------------------------------
-    @property
-    def rank(self) -> int:
-        return self.topology.rank
-
-    @property
-    def world_size(self) -> int:
-        return self.topology.world_size
-
-    def set_epoch(self, epoch: int) -> None:
-        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
-            raise ValueError(f"epoch={epoch!r} must be an int >= 0")
-        self.epoch = int(epoch)
-
     # -- counts (shuffling.mixture_counts) -----------------------------------
     def counts_at(self, epoch: int) -> list[int]:
         """Samples of each source in ``epoch`` (exact, the same on every rank and run)."""

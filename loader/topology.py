@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
+
 from shardfeed.shuffling.topology import Topology
 
 
@@ -38,3 +40,24 @@ def detect(rank: int | None = None, world_size: int | None = None,
     if rpn is not None and not 1 <= rpn <= world_size:
         rpn = None
     return Topology(rank=rank, world_size=world_size, weights=weights, ranks_per_node=rpn)
+
+
+class Placed:
+    """``rank``, ``world_size`` and ``set_epoch`` of a dataset that holds a ``topology`` and an
+    ``epoch`` (ShardDataset, Mixture)."""
+
+    topology: Topology
+    epoch: int
+
+    @property
+    def rank(self) -> int:
+        return self.topology.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.topology.world_size
+
+    def set_epoch(self, epoch: int) -> None:
+        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
+            raise ValueError(f"epoch={epoch!r} must be an int >= 0")
+        self.epoch = int(epoch)
