@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
-
+from shardfeed.loader.feeds.base import check_epoch
 from shardfeed.shuffling.topology import Topology
 
 
@@ -58,6 +57,4 @@ class Placed:
         return self.topology.world_size
 
     def set_epoch(self, epoch: int) -> None:
-        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
-            raise ValueError(f"epoch={epoch!r} must be an int >= 0")
-        self.epoch = int(epoch)
+        self.epoch = check_epoch(epoch)
