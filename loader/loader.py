@@ -234,7 +234,7 @@ class Loader:
         from shardfeed.loader import read_ahead  # this process reads alone: threads on a free core
 
         self._read_ahead = ahead and read_ahead.wanted(self, self._maker)
-        read_ahead.allow_split(self._maker, True)
+        read_ahead.allow_split(self._maker)
 
     def _worker_batches(self, feed):
         """(item, columns, info) from the workers, in step order: step s is made by

@@ -11,9 +11,11 @@ nothing on the thread runs user code or draws from the process's global
 RNGs), a ShardDataset of fixed shards (no followed stream, whose feed waits
 for data), no node cache (its prefetcher and pins follow the consumer's
 step), and reading threads allowed (``SHARDFEED_READ_THREADS=1``, or one
-usable core, turns it off; ``SHARDFEED_READ_AHEAD=0`` turns off this alone). It takes the place of the split gather
-(formats/engine/split_gather.py): two threads on one batch and one on the
-next would be three on two cores.
+usable core, turns it off; ``SHARDFEED_READ_AHEAD=0`` turns off this alone).
+The split gather (formats/engine/split_gather.py) stays allowed beside it: a
+batch read in turn (a bare loop) still splits, and a split that runs beside a
+read ahead and the consumer's step is timed like any other, so the splitter
+keeps to one call where the two halves would only take turns on the cores.
 
 Order of work: batch k is read on the thread into one of two buffers, used in
 turn; the consumer's thread turns it into the batch the user sees
@@ -52,13 +54,13 @@ def wanted(loader, maker) -> bool:
             and threads_allowed() >= 2)
 
 
-def allow_split(maker, split: bool) -> None:
-    """Let ``maker``'s reader split a batch's gather over two threads (split_gather.py), or not."""
+def allow_split(maker) -> None:
+    """Let ``maker``'s reader split a batch's gather over the threads allowed (split_gather.py)."""
     reader = getattr(maker, "reader", None)
     if hasattr(reader, "allow_threads"):
         from shardfeed.formats.engine.split_gather import threads_allowed
 
-        reader.allow_threads(threads_allowed() if split else 1)
+        reader.allow_threads(threads_allowed())
 
 
 def batches(maker, feed, key_of, pin_memory: bool, bytes_as: str, ahead: bool):
