@@ -3,8 +3,8 @@
 ``python tests/layout.py`` prints the import graph between the subpackages
 (formats, shuffling, cache, loader, tools), the graph between the modules of
 one subpackage (``--inside loader``), the edges that point the wrong way, and
-the line count of every module; docs/architecture.md shows its output, and
-tests/project/test_layout.py holds the rules.
+the line count of every module; docs/architecture.md shows its output (checked by
+tests/project/test_layout.py, which also holds the rules).
 """
 
 from __future__ import annotations
