@@ -55,7 +55,11 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    from tiers import in_tier2
+
     for item in items:
+        if in_tier2(item.nodeid):
+            item.add_marker(pytest.mark.tier2)
         mark = item.get_closest_marker("hostile")
         if mark is not None and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(mark.kwargs.get("timeout", HOSTILE_TIMEOUT_S)))
