@@ -1,4 +1,5 @@
-"""matplotlib and psutil are the ``bench`` extra: training never needs them.
+"""matplotlib and psutil are the ``bench`` extra, tensorboard and prometheus_client the ``metrics``
+extra: training never needs them.
 
 Regression: both were hard dependencies, so every trainer installing
 shardfeed pulled a plotting stack. They are now imported only where a plot
@@ -29,10 +30,12 @@ def test_library_import_and_a_local_read_load_neither(make_dataset):
         import sys
         import shardfeed.formats, shardfeed.cache, shardfeed.loader
         from shardfeed.loader import Loader, ShardDataset
+        import shardfeed.loader.metrics_export, shardfeed.tools.train.metrics
         for workers in (0, 2):
             with Loader(ShardDataset({root!r}), 8, num_workers=workers) as loader:
                 assert sum(len(b["__key__"]) for b in loader) == 60
-        loaded = [m for m in ("matplotlib", "psutil") if m in sys.modules]
+        loaded = [m for m in ("matplotlib", "psutil", "tensorboard", "torch.utils.tensorboard", "prometheus_client")
+                  if m in sys.modules]
         sys.exit(f"loaded: {{loaded}}" if loaded else 0)
         """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

@@ -12,6 +12,7 @@ import torch.distributed as dist
 from shardfeed.tools.text import plural
 from shardfeed.tools.train.audit_records import AuditRecords
 from shardfeed.tools.train.core import Hooks
+from shardfeed.tools.train.metrics import RankMetrics
 from shardfeed.tools.train.steplog import StepLog
 
 
@@ -24,6 +25,7 @@ class ReferenceHooks(Hooks):
         self.evaluate, self.classes = evaluate, classes
         self.log = StepLog(args.log_every, rank)
         self.trace = Trace(args.trace, rank, world)
+        self.metrics = RankMetrics(args, rank)  # --tensorboard, --prometheus-port
         self.records, self.stage, self.report = None, None, {}
 
     def on_start(self, step, resumed):
@@ -46,6 +48,7 @@ class ReferenceHooks(Hooks):
     def on_step(self, step, epoch, batch, loss):
         self.trace.add(step, epoch, batch["__key__"])
         self.log.step(step, epoch, loss, self.loader, self.device)
+        self.metrics.step(step, self.loader)
 
     def on_epoch_end(self, epoch, step, stopped):
         self.log.step(step, epoch, None, self.loader, self.device, force=True)  # the epoch's last window

@@ -8,6 +8,7 @@ import re
 
 from shardfeed.loader import BatchSchedule, Stage
 from shardfeed.tools.byte_sizes import parse_size
+from shardfeed.tools.train import metrics
 from shardfeed.tools.train.model import IMAGE_EXTS, image_field
 
 ORDERS = ("none", "shard", "block", "global")
@@ -59,6 +60,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
       help="record every sample each rank delivers (Loader(audit=True)), also of a --follow stream (not with "
            "--replay); the records go beside --checkpoint (CHECKPOINT.audit/), for "
            "`shardfeed audit CHECKPOINT.audit/*.json`")
+    metrics.add_arguments(p)  # --tensorboard, --prometheus-port
     a("--trace", default=None, help="folder: each rank appends the keys of every batch it trains on (audits)")
 
 
@@ -138,6 +140,7 @@ def check_options(args) -> None:
         raise ValueError(f"--audit of a followed stream checks each published sample is delivered once; --replay "
                          f"{args.replay} draws older samples again (with repeats), which it cannot judge: drop "
                          "--audit or --replay")
+    metrics.check(args)
     if args.init and not os.path.exists(args.init):
         raise ValueError(f"--init {args.init}: no such checkpoint")
     if args.device == "cuda":

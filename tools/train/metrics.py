@@ -1,0 +1,73 @@
+"""`shardfeed train --tensorboard DIR --prometheus-port N`: each rank's loader stats, exported.
+
+Every rank exports its own loader's stats (loader/metrics_export.py) at each
+--log-every step and at the run's last step: to ``DIR/rank<r>`` (TensorBoard
+draws the ranks as runs on the same charts) and on port ``N + local rank``
+(one scrape target per rank, each series labelled with its rank).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from shardfeed.loader.metrics_export import StatsExporter
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--tensorboard", default=None, metavar="DIR",
+                   help="write each rank's loader stats (samples/s, data stall, time per stage, cache) as "
+                        "TensorBoard scalars to DIR/rank<r> at every log step (needs the metrics extra)")
+    p.add_argument("--prometheus-port", type=int, default=None, metavar="N",
+                   help="serve each rank's loader stats for Prometheus at :N+<local rank>/metrics (needs the "
+                        "metrics extra)")
+
+
+def check(args) -> None:
+    """Before any rank starts: the options make sense and the packages they need are installed."""
+    port = args.prometheus_port
+    if port is not None and not 0 < port < 65536:
+        raise ValueError(f"--prometheus-port {port} must be a port number, 1 to 65535 (rank r serves on N+r)")
+    for wanted, module, package in ((args.tensorboard, "torch.utils.tensorboard", "tensorboard"),
+                                    (port, "prometheus_client", "prometheus_client")):
+        if wanted is not None:
+            try:
+                __import__(module)
+            except ImportError:
+                raise ValueError(f"--{'tensorboard' if module != 'prometheus_client' else 'prometheus-port'} needs "
+                                 f"{package}, which is not installed: pip install 'shardfeed[metrics]' (from a "
+                                 "clone: pip install -e '.[metrics]')") from None
+
+
+class RankMetrics:
+    """The exporters of one rank; ``step`` writes at log steps, ``close`` at the end."""
+
+    def __init__(self, args, rank: int):
+        self.every = args.log_every
+        self.exporters: list[StatsExporter] = []
+        self.last = None
+        if args.tensorboard:
+            from shardfeed.loader.metrics_export import TensorBoardExporter
+
+            self.exporters.append(TensorBoardExporter(os.path.join(args.tensorboard, f"rank{rank}")))
+        if args.prometheus_port is not None:
+            from shardfeed.loader.metrics_export import PrometheusExporter
+
+            port = args.prometheus_port + int(os.environ.get("LOCAL_RANK", rank))
+            try:
+                self.exporters.append(PrometheusExporter(port))
+            except OSError as e:
+                raise ValueError(f"--prometheus-port: rank {rank}: {e}") from None
+
+    def step(self, step: int, loader, force: bool = False) -> None:
+        if self.exporters and (force or step % self.every == 0) and step != self.last:
+            for e in self.exporters:
+                e.log(loader, step)
+            self.last = step
+
+    def close(self, step: int, loader) -> None:
+        """Write the last step (when it was no log step) and release files and ports."""
+        self.step(step, loader, force=True)
+        for e in self.exporters:
+            e.close()
