@@ -80,6 +80,10 @@ def test_check_refuses_a_bad_port_and_names_the_missing_extra(monkeypatch):
     with pytest.raises(ValueError, match=r"--prometheus-port needs prometheus_client, which is not installed: "
                                          r"pip install 'shardfeed\[metrics\]'"):
         check(_args(prometheus_port=9100))
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
+    with pytest.raises(ValueError, match=r"--tensorboard needs tensorboard, which is not installed: "
+                                         r"pip install 'shardfeed\[metrics\]'"):
+        check(_args(tensorboard="runs"))
     check(_args())  # neither flag: nothing is needed
 
 
@@ -102,3 +106,16 @@ def test_train_tensorboard_writes_each_ranks_stats(tmp_path):
         assert got["shardfeed_total/samples"] == [(s, s * batch) for s in steps]
         assert [s for s, _ in got["shardfeed/samples_per_s"]] == steps
         assert all(0 <= v <= 1 for _, v in got["shardfeed/stall_fraction"])
+
+
+def test_train_options_carry_the_flags_and_check_them_before_any_rank_starts():
+    from shardfeed.tools.train.options import add_arguments, check_options
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["data", "--tensorboard", "runs", "--prometheus-port", "9100"])
+    assert (args.tensorboard, args.prometheus_port) == ("runs", 9100)
+    check_options(args)
+    args.prometheus_port = 0
+    with pytest.raises(ValueError, match=r"--prometheus-port 0 must be a port number, 1 to 65535"):
+        check_options(args)

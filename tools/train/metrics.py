@@ -8,8 +8,11 @@ draws the ranks as runs on the same charts) and on port ``N + local rank``
 
 from __future__ import annotations
 
+import importlib
 import os
 from typing import TYPE_CHECKING
+
+from shardfeed.loader.metrics_export import INSTALL
 
 if TYPE_CHECKING:
     from shardfeed.loader.metrics_export import StatsExporter
@@ -29,15 +32,13 @@ def check(args) -> None:
     port = args.prometheus_port
     if port is not None and not 0 < port < 65536:
         raise ValueError(f"--prometheus-port {port} must be a port number, 1 to 65535 (rank r serves on N+r)")
-    for wanted, module, package in ((args.tensorboard, "torch.utils.tensorboard", "tensorboard"),
-                                    (port, "prometheus_client", "prometheus_client")):
+    for flag, wanted, module, package in (("--tensorboard", args.tensorboard, "torch.utils.tensorboard", "tensorboard"),
+                                          ("--prometheus-port", port, "prometheus_client", "prometheus_client")):
         if wanted is not None:
             try:
-                __import__(module)
+                importlib.import_module(module)
             except ImportError:
-                raise ValueError(f"--{'tensorboard' if module != 'prometheus_client' else 'prometheus-port'} needs "
-                                 f"{package}, which is not installed: pip install 'shardfeed[metrics]' (from a "
-                                 "clone: pip install -e '.[metrics]')") from None
+                raise ValueError(f"{flag} needs {package}, which is not installed: {INSTALL}") from None
 
 
 class RankMetrics:
