@@ -159,3 +159,18 @@ def test_a_missing_extra_names_the_install_command(monkeypatch, tmp_path, blocke
     with pytest.raises(ImportError, match=rf"{exporter.__name__} needs {package}, which is not installed: pip install "
                                           r"'shardfeed\[metrics\]'"):
         exporter(tmp_path) if exporter is TensorBoardExporter else exporter()
+
+
+def test_the_window_of_a_new_loader_starts_at_zero(make_dataset):
+    """A rank that logs a fresh Loader (counters lower than at its previous log) gets the new Loader's
+    own rates since its start, not a negative window."""
+    root = make_dataset(40, shard_samples=20)
+    exporter = PrometheusExporter()
+    for epochs in (2, 1):
+        with _loader(root) as loader:
+            for _ in range(epochs):
+                sum(1 for _ in loader)
+            reading = exporter.log(loader, 1)
+            total = loader.stats()["total"]
+    assert reading.window == pytest.approx(_expected_window(total, None))
+    assert reading.window["samples_per_s"] > 0 and reading.totals["samples"] == total["samples"] > 0
