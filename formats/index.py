@@ -255,7 +255,8 @@ def parse_index_bytes(raw: bytes, path: str) -> tuple[dict, list]:
         raise ShardError(path, "index metadata has a bad log_seq or fields entry (broken index)")
     try:
         ok = meta.get("digest") == table_digest(tbl, meta)
-    except (pa.ArrowException, TypeError, ValueError) as e:
+    except (pa.ArrowException, TypeError, ValueError, IndexError, KeyError, AttributeError, OverflowError) as e:
+        # a flipped type in the schema gives a column whose buffers are not what its hash expects
         raise ShardError(path, f"index columns are unreadable ({e}) (broken index)") from e
     if not ok:
         raise ShardError(path, "index fails its digest (corrupt index); restore it or rebuild it "
