@@ -166,8 +166,10 @@ class ShardDataset(_topology.Placed, torch.utils.data.IterableDataset):
             self.index = _stream_index(_local_folder(source))  # may be empty: samples come later
         else:
             self.index = open_index(source, on_error=on_error)
-            # a foreign tar that cannot be scanned is left out under skip: logged once, like any bad shard
-            self.policy.report([ReadError(path, reason, 0) for path, reason in self.index.skipped])
+            # a foreign tar that cannot be scanned, or a sample of one whose name is not UTF-8, is left
+            # out under skip: logged once and counted each epoch, like any bad shard
+            self.policy.leave_out([ReadError(path, reason, 0) for path, reason in self.index.skipped]
+                                  + list(self.index.left_out))
         self.remote = remote
         if self.index.num_samples == 0 and not self.follow:
             raise ShardError(self.index.root, "dataset holds no samples")
