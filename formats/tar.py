@@ -180,7 +180,7 @@ def _field(raw: bytes, shard: str = "", at: int = 0) -> str:
         return b.decode("utf-8")
     except UnicodeDecodeError:
         raise BadName(shard, f"member name {b[:120]!r} at byte {at} is not UTF-8 (sample keys must be "
-                                "text); rename the member or re-encode the archive's names") from None
+                             "text); rename the member or re-encode the archive's names") from None
 
 
 def _pax_records(data: bytes, shard: str, at: int) -> dict[str, str]:

@@ -50,7 +50,8 @@ class ErrorPolicy:
         sample whose name is not UTF-8): logged now, once per shard, and counted in every
         epoch's errors_skipped (the Loader adds it as an epoch starts), as a damaged shard
         read from an index is. A shard left out whole counts once: its samples are unknown."""
-        self.left_out += sum(max(1, e.samples) for e in errors if e.shard not in self._logged)
+        errors = list(errors)
+        self.left_out += sum(max(1, e.samples) for e in errors)
         self.report(errors)
 
     def __repr__(self) -> str:

@@ -107,3 +107,14 @@ def test_non_utf8_member_name_skips_its_sample_only(tmp_path, caplog, workers):
     assert [k for b in batches for k in b["__key__"]] == ["ok"]
     assert [int(v) for b in batches for v in b["cls"]] == [2]
     assert len(_warnings(caplog, str(tar))) == 1
+
+
+def test_two_bad_names_in_one_tar_count_two_and_log_one_line(tmp_path, caplog):
+    tar = tmp_path / "a.tar"
+    tar.write_bytes(_member(b"caf\xe9.cls", b"1") + _member(b"ok.cls", b"2") + _member(b"na\xefve.cls", b"3")
+                    + _member(b"na\xefve.txt", b"x") + bytes(1024))
+    caplog.set_level(logging.WARNING, logger="shardfeed.loader")
+    with Loader(ShardDataset(str(tmp_path), shuffle="none", on_error="skip"), batch_size=4) as ld:
+        assert [k for b in ld for k in b["__key__"]] == ["ok"]
+        assert ld.stats()["errors_skipped"] == 2  # two samples: naïve's two members are one
+    assert len(_warnings(caplog, str(tar))) == 1
