@@ -8,6 +8,7 @@ asked for at exec, by the bootstrap the ranks are spawned through (tools/train/l
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -39,6 +40,7 @@ def test_ranks_die_at_once_with_a_launcher_killed_during_their_start(tmp_path):
     proc = subprocess.Popen([EXE, "train", root, "--ranks", "2", "--epochs", "1", "--plot", "none"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     ranks: list[psutil.Process] = []
+    boots: set[str] = set()
     try:
         deadline = time.time() + 120
         launcher = psutil.Process(proc.pid)
@@ -46,6 +48,7 @@ def test_ranks_die_at_once_with_a_launcher_killed_during_their_start(tmp_path):
             assert proc.poll() is None and time.time() < deadline, "the launcher never started its ranks"
             ranks = [p for p in launcher.children() if "spawn_main" in " ".join(p.cmdline())]
             time.sleep(0.02)
+        boots = {os.path.dirname(a) for p in ranks for a in p.cmdline() if "shardfeed-train-" in a}
         os.kill(proc.pid, signal.SIGKILL)
         killed = time.time()
         proc.wait(timeout=10)
@@ -59,3 +62,5 @@ def test_ranks_die_at_once_with_a_launcher_killed_during_their_start(tmp_path):
         for p in ranks:
             if _alive(p):
                 p.kill()
+        for folder in boots:  # the launcher, killed, could not remove its bootstrap
+            shutil.rmtree(folder, ignore_errors=True)

@@ -60,8 +60,8 @@ _BOOTS = sys.platform.startswith("linux") and " " not in sys.executable  # a she
 @contextmanager
 def spawned_through_boot(folder: str | None):
     """While open, processes spawned start through BOOT, written into ``folder`` (see the module
-    docstring); None: as before. The caller removes the folder once the ranks end: Python opens a
-    script some time after its exec, so it must outlive the block."""
+    docstring); None: as before. The caller removes the folder once every rank has exec'd past it
+    (``_booted``): Python opens a script some time after its exec, so it must outlive the block."""
     import multiprocessing.spawn as spawn
 
     if folder is None:
@@ -77,6 +77,18 @@ def spawned_through_boot(folder: str | None):
         yield
     finally:
         spawn.set_executable(old)
+
+
+def _booted(folder: str, procs) -> bool:
+    """Whether every rank has left the bootstrap in ``folder`` (exec'd Python, or ended)."""
+    for p in procs:
+        try:
+            with open(f"/proc/{p.pid}/cmdline", "rb") as f:
+                if folder.encode() in f.read():
+                    return False
+        except OSError:
+            pass  # ended
+    return True
 
 
 def die_with_parent(parent: int) -> None:
@@ -162,6 +174,9 @@ def run_ranks(fn, nprocs: int, args: tuple) -> int | None:
                     return stop.signum
                 raise
             stop.tick()
+            if folder is not None and _booted(folder, ctx.processes):  # the file is read: not left behind
+                shutil.rmtree(folder, ignore_errors=True)
+                folder = None
     finally:
         stop.restore()
         if folder is not None:
