@@ -109,6 +109,9 @@ class DatasetIndex:
         self.tables: dict[int, object] = {}  # shard -> SampleTable for shards scanned on open
         # (path, reason) of each foreign shard left out on open under on_error="skip"
         self.skipped: list[tuple[str, str]] = []
+        # ReadError of each sample left out of a shard kept on open under on_error="skip" (a member
+        # name that is not UTF-8: the rest of its shard is read)
+        self.left_out: list = []
         self._rows: dict[str, int] | None = None
         n = len(self.names)
         if not (len(self.formats) == len(self.counts) == len(self.sizes) == len(self.hashes) == n):
@@ -255,7 +258,8 @@ def parse_index_bytes(raw: bytes, path: str) -> tuple[dict, list]:
         raise ShardError(path, "index metadata has a bad log_seq or fields entry (broken index)")
     try:
         ok = meta.get("digest") == table_digest(tbl, meta)
-    except (pa.ArrowException, TypeError, ValueError) as e:
+    except (pa.ArrowException, TypeError, ValueError, IndexError, KeyError, AttributeError, OverflowError) as e:
+        # a flipped type in the schema gives a column whose buffers are not what its hash expects
         raise ShardError(path, f"index columns are unreadable ({e}) (broken index)") from e
     if not ok:
         raise ShardError(path, "index fails its digest (corrupt index); restore it or rebuild it "
@@ -318,7 +322,9 @@ def open_index(source, follow_log: bool = True, on_error: str = "raise") -> Data
     once, in memory; so is a foreign tar named by a pattern or a list.
     on_error: ``"raise"`` (default) raises ShardError at the first foreign tar
     that cannot be scanned; ``"skip"`` leaves it out and records
-    ``(path, reason)`` in ``DatasetIndex.skipped``. A source that names
+    ``(path, reason)`` in ``DatasetIndex.skipped``, and leaves out a sample
+    whose member name is not UTF-8 (a ReadError in ``DatasetIndex.left_out``),
+    reading the rest of its tar. A source that names
     nothing (an empty pattern, a missing file) raises under either policy:
     that is a mistake in the source, not damaged data.
     """

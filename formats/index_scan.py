@@ -16,8 +16,11 @@ def scan_foreign(root: str, names: list[str], on_error: str = "raise") -> Datase
     return _assemble([(root, name, None) for name in names], on_error, selected=False)
 
 
-def _scan_one(path: str, name: str):
-    """(ShardInfo, SampleTable) of a foreign tar; any failure is a ShardError naming it."""
+def _scan_one(path: str, name: str, skip: bool = False):
+    """(ShardInfo, SampleTable, [ReadError]) of a foreign tar; any failure is a ShardError naming it.
+    With ``skip``, samples whose member names are not UTF-8 are left out (one ReadError each) and
+    the rest read, unless none is left."""
+    from shardfeed.formats.errors import ReadError
     from shardfeed.formats.readers import hash_file
     from shardfeed.formats.sidecar import scan_tar
     from shardfeed.formats.tar_stream import load_tar_stream
@@ -31,12 +34,20 @@ def _scan_one(path: str, name: str):
                                "tar shards are read without an index: write it with ShardWriter or convert it")
     try:
         data = load_tar_stream(path, fmt)
-        table = scan_tar(data, path)
+        bad: list | None = [] if skip else None
+        table = scan_tar(data, path, bad)
         # On success nothing refers to the mapping any more; after a failure the
         # traceback's frames may (close() would raise BufferError): GC unmaps it.
         if hasattr(data, "close"):
             data.close()
-        return ShardInfo(name, fmt, len(table), os.path.getsize(path), hash_file(path)), table
+        left_out, last = [], None
+        for key, reason in bad or ():  # consecutive members of one key are one sample, as they would have been
+            if not left_out or key != last:
+                left_out.append(ReadError(path, reason, 1))
+            last = key
+        if left_out and not len(table):
+            raise ShardError(path, left_out[0].reason)
+        return ShardInfo(name, fmt, len(table), os.path.getsize(path), hash_file(path)), table, left_out
     except OSError as e:  # unreadable (permissions, I/O error) is bad data too, named like the rest
         raise ShardError(path, f"cannot be read: {e.strerror or e}") from e
 
@@ -93,7 +104,7 @@ def _assemble(picked: list, on_error: str, selected: bool) -> DatasetIndex:
     else:
         root = os.path.commonpath([os.path.abspath(d) for d in dirs])
         prefix = {d: _rel_prefix(os.path.relpath(os.path.abspath(d), root)) for d in dirs}
-    rows, tables, fields, skipped, scanned = [], {}, {}, [], False
+    rows, tables, fields, skipped, left_out, scanned = [], {}, {}, [], [], False
     for folder, name, base in picked:
         if base is not None:
             info = base.shard(base.row_of(name))
@@ -101,12 +112,13 @@ def _assemble(picked: list, on_error: str, selected: bool) -> DatasetIndex:
         else:
             scanned = True
             try:
-                info, table = _scan_one(join(folder, name), name)
+                info, table, lost = _scan_one(join(folder, name), name, on_error == "skip")
             except ShardError as e:
                 if on_error != "skip":
                     raise
                 skipped.append((e.shard, e.reason))
                 continue
+            left_out += lost
             shard_fields = table.fields
         if table is not None:
             tables[len(rows)] = table
@@ -118,6 +130,7 @@ def _assemble(picked: list, on_error: str, selected: bool) -> DatasetIndex:
                        [r.bytes for r in rows], [r.hash for r in rows], fields, meta)
     idx.tables = tables
     idx.skipped = skipped
+    idx.left_out = left_out
     return idx
 
 

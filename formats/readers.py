@@ -225,6 +225,10 @@ class ColumnarShardReader:
         if any(n < 0 for n in sizes):
             self.close()
             raise ShardError(path, "negative row count in shard metadata (corrupt shard)")
+        if "__key__" not in schema.names:  # every shard written here has one: a damaged footer renamed it
+            self.close()
+            raise ShardError(path, f"{fmt} shard has no __key__ column (damaged footer, or not a shard of this "
+                                   f"dataset; its columns: {', '.join(schema.names)[:200]})")
         self.group_start = np.zeros(len(sizes) + 1, np.int64)
         np.cumsum(sizes, out=self.group_start[1:])
         self.fields = [n for n in schema.names if n != "__key__"]

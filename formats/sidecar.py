@@ -237,10 +237,11 @@ def table_from_members(members, shard: str, buf) -> SampleTable:
     )
 
 
-def scan_tar(buf, shard: str) -> SampleTable:
-    """Index a tar held in memory (an mmap or decompressed bytes) by scanning it once."""
+def scan_tar(buf, shard: str, bad: list | None = None) -> SampleTable:
+    """Index a tar held in memory (an mmap or decompressed bytes) by scanning it once;
+    ``bad``: members whose names are not UTF-8 are left out and listed there (tar.list_members)."""
     arr = np.frombuffer(buf, dtype=np.uint8)
-    return table_from_members(list_members(arr, shard), shard, buf)
+    return table_from_members(list_members(arr, shard, bad), shard, buf)
 
 
 def write_sidecar(path: str, table: SampleTable, shard_bytes: int, shard_hash: str) -> None:

@@ -167,6 +167,11 @@ def scan_headers(buf: np.ndarray, shard: str) -> tuple[np.ndarray, np.ndarray, n
     return tuple(np.concatenate(p) for p in zip(*parts))  # type: ignore[return-value]
 
 
+class BadName(ShardError):
+    """A member name that is not UTF-8: under ``on_error="skip"`` its sample
+    alone is left out of a scanned foreign tar (``list_members(bad=...)``)."""
+
+
 def _field(raw: bytes, shard: str = "", at: int = 0) -> str:
     """A NUL-terminated name; ShardError unless it is UTF-8 (keys must be
     text that reads back as itself)."""
@@ -174,8 +179,8 @@ def _field(raw: bytes, shard: str = "", at: int = 0) -> str:
     try:
         return b.decode("utf-8")
     except UnicodeDecodeError:
-        raise ShardError(shard, f"member name {b[:120]!r} at byte {at} is not UTF-8 (sample keys must be "
-                                "text); rename the member or re-encode the archive's names") from None
+        raise BadName(shard, f"member name {b[:120]!r} at byte {at} is not UTF-8 (sample keys must be "
+                             "text); rename the member or re-encode the archive's names") from None
 
 
 def _pax_records(data: bytes, shard: str, at: int) -> dict[str, str]:
@@ -198,36 +203,54 @@ def _pax_records(data: bytes, shard: str, at: int) -> dict[str, str]:
     return out
 
 
-def list_members(buf: np.ndarray, shard: str) -> list[tuple[str, int, int]]:
+def list_members(buf: np.ndarray, shard: str, bad: list | None = None) -> list[tuple[str, int, int]]:
     """Regular-file members as (name, data offset, size), in archive order.
 
     Directories, links and devices are skipped: a member's name is only ever
-    a sample key, never a path we open.
+    a sample key, never a path we open. A name that is not UTF-8 is a
+    ShardError, or, given a list ``bad``, that member is left out and
+    (its raw key, the reason) appended there.
     """
     hdr, size, typ = scan_headers(buf, shard)
     mv = memoryview(buf)
     members = []
-    long_name = None
+    long_name: str | BadName | None = None
     pax: dict[str, str] = {}
     for off, sz, t in zip(hdr.tolist(), size.tolist(), typ.tolist()):
         data_off = off + BLOCK
         if t in (0x30, 0x00, 0x37):  # '0', NUL, '7' (contiguous): regular file
             h = bytes(mv[off:off + BLOCK])
-            name = _field(h[0:100], shard, off)
-            if h[257:262] == b"ustar":
-                prefix = _field(h[345:500], shard, off)
-                if prefix:
-                    name = prefix + "/" + name
-            if long_name is not None:
-                name = long_name
-            if "path" in pax:
-                name = _field(pax["path"].encode("utf-8", "surrogateescape"), shard, off)
+            try:
+                if isinstance(long_name, BadName):
+                    raise long_name
+                name = _field(h[0:100], shard, off)
+                if h[257:262] == b"ustar":
+                    prefix = _field(h[345:500], shard, off)
+                    if prefix:
+                        name = prefix + "/" + name
+                if long_name is not None:
+                    name = long_name
+                if "path" in pax:
+                    name = _field(pax["path"].encode("utf-8", "surrogateescape"), shard, off)
+            except BadName as e:
+                if bad is None:
+                    raise
+                raw = h[0:100].split(b"\0", 1)[0]
+                # the reason, not the error: its traceback's frames hold views of the mapping
+                bad.append((raw.rsplit(b"/", 1)[-1].split(b".", 1)[0], e.reason))
+                long_name, pax = None, {}
+                continue
             if "size" in pax:
                 raise ShardError(shard, f"PAX size override at byte {off} is not supported")
             members.append((name, data_off, sz))
             long_name, pax = None, {}
         elif t == 0x4C:  # 'L': GNU long name for the next member
-            long_name = _field(bytes(mv[data_off:data_off + sz]), shard, off)
+            try:
+                long_name = _field(bytes(mv[data_off:data_off + sz]), shard, off)
+            except BadName as e:
+                if bad is None:
+                    raise
+                long_name = BadName(e.shard, e.reason)  # the member it names is left out (no traceback kept)
         elif t == 0x78:  # 'x': PAX extended header for the next member
             pax = _pax_records(bytes(mv[data_off:data_off + sz]), shard, off)
         else:  # directories, links, devices, global PAX headers: not samples

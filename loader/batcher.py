@@ -43,7 +43,8 @@ class BatchMaker:
 
     def __init__(self, index, decode: bool = True, transform: Callable | None = None,
                  collate_fn: Callable | None = None, policy: ErrorPolicy | None = None,
-                 unsafe: tuple[str, ...] = (), read_mode: str = "pread", cached=None, readers: int = 1):
+                 unsafe: tuple[str, ...] = (), read_mode: str = "pread", cached=None, readers: int = 1,
+                 in_order: bool = False):
         self.policy = policy or ErrorPolicy("raise")
         # cached: a cache.reads.CachedShards when shards come through the node-local cache
         self.cached = cached
@@ -80,6 +81,9 @@ class BatchMaker:
         # compressed tars in place: decompress the shards of this reader's next batches in a thread
         self.ahead = None
         self.stride = 1  # steps between this reader's batches (its Loader's num_workers)
+        # the plan reads each shard in one run (stored order): a compressed shard that neither this
+        # read nor the next needs is closed (hint), so memory holds a few shards, not all read so far
+        self.in_order = in_order
         self._compressed = sum(f in ("tar.gz", "tar.zst") for f in index.formats)
         if cached is None and self._compressed:
             from shardfeed.formats.engine.decompress_ahead import DecompressAhead
@@ -104,11 +108,18 @@ class BatchMaker:
     def hint(self, plan, start: int, stop: int) -> None:
         """This reader's batch is positions ``[start, stop)`` of ``plan``; its
         next ones are ``stride`` batches apart: start decompressing their shards."""
-        if self.ahead is None or stop <= start:
+        if not self._compressed or stop <= start:
+            return
+        views = self.reader.shards.views
+        if self.in_order and views:
+            nxt = self.stride * (stop - start)
+            ids = np.concatenate([plan.positions(start, stop),
+                                  plan.positions(min(plan.num_samples, start + nxt), min(plan.num_samples, stop + nxt))])
+            self.reader.shards.let_go(set(np.unique(self.reader.index.locate(ids)[0]).tolist()))
+        if self.ahead is None:
             return
         from shardfeed.formats.engine.decompress_ahead import upcoming
 
-        views = self.reader.shards.views
         if len(views) >= self._compressed:
             return  # every compressed shard is open (a random order after its first batches)
         # one range of positions (other workers' batches in it too): one plan call, ~30 us a batch

@@ -166,8 +166,10 @@ class ShardDataset(_topology.Placed, torch.utils.data.IterableDataset):
             self.index = _stream_index(_local_folder(source))  # may be empty: samples come later
         else:
             self.index = open_index(source, on_error=on_error)
-            # a foreign tar that cannot be scanned is left out under skip: logged once, like any bad shard
-            self.policy.report([ReadError(path, reason, 0) for path, reason in self.index.skipped])
+            # a foreign tar that cannot be scanned, or a sample of one whose name is not UTF-8, is left
+            # out under skip: logged once and counted each epoch, like any bad shard
+            self.policy.leave_out([ReadError(path, reason, 0) for path, reason in self.index.skipped]
+                                  + list(self.index.left_out))
         self.remote = remote
         if self.index.num_samples == 0 and not self.follow:
             raise ShardError(self.index.root, "dataset holds no samples")
@@ -283,7 +285,7 @@ class ShardDataset(_topology.Placed, torch.utils.data.IterableDataset):
             readers *= ranks
         maker = BatchMaker(self.index, decode=self.decode if decode is None else decode, transform=self.transform,
                            collate_fn=collate_fn, policy=self.policy, read_mode=self.read_mode, cached=cached,
-                           readers=readers)
+                           readers=readers, in_order=self.order is Order.NONE)
         if not self.follow:
             return maker
         from shardfeed.loader.feeds.stream_log import RegrowMaker, stream_index  # a followed dataset only
@@ -308,15 +310,28 @@ class ShardDataset(_topology.Placed, torch.utils.data.IterableDataset):
 
             most = plain_read_shards(self.cache.limit_bytes, self.index, nw * node_ranks(self.topology),
                                      self.cache.cache_dir, self.cache.open().budget.fixed_bytes())
+        # a compressed shard is held decompressed while read: one at a time, so a block that crosses
+        # several never holds them all at once (the budget of decompressed.py then bounds memory)
+        compressed = any(f in ("tar.gz", "tar.zst") for f in self.index.formats)
+        if compressed:
+            most = 1
         # whole shards, in pieces sized to this reader's share: sample ranges need the Loader's plan and checks
         maker = self.maker(_as_samples, readers=nw, ranges=False)
+        maker.stride = nw  # this reader's blocks are nw apart (compressed shards: hint)
         try:
             for b in steps_of(wid, nw, 0, -(-plan.num_samples // _BLOCK)):
-                ids = plan.positions(b * _BLOCK, min(plan.num_samples, (b + 1) * _BLOCK))
-                for part in (split_by_shards(ids, self.index.offsets, most) if self.cache is not None else (ids,)):
+                start, stop = b * _BLOCK, min(plan.num_samples, (b + 1) * _BLOCK)
+                ids = plan.positions(start, stop)
+                maker.hint(plan, start, stop)
+                if self.cache is not None:
+                    parts = split_by_shards(ids, self.index.offsets, most)
+                else:
+                    parts = _shard_runs(ids, self.index.offsets) if compressed else (ids,)
+                for part in parts:
                     samples, info = maker.make(part, self.image_size)
                     self.policy.report(info["errors"])
                     yield from samples
+                    samples = None  # not held while the next part is read (a block of large samples)
         finally:
             maker.close()
 
@@ -349,6 +364,12 @@ def _stream_index(folder: str) -> DatasetIndex:
     from shardfeed.formats.commit_log import open_stream_index  # a followed dataset only
 
     return open_stream_index(folder)[0]
+
+
+def _shard_runs(ids: np.ndarray, offsets: np.ndarray) -> list[np.ndarray]:
+    """``ids`` cut, in order, into runs of one shard each."""
+    shard = np.searchsorted(offsets, ids, side="right") - 1
+    return np.split(ids, np.flatnonzero(np.diff(shard)) + 1)
 
 
 def _as_samples(samples: list[dict]) -> list[dict]:

@@ -31,6 +31,8 @@ class ErrorPolicy:
         self.name = on_error
         self.skip = on_error == "skip"
         self._logged: set[str] = set()
+        # found when the index was made, before any read: added to errors_skipped at each epoch's start
+        self.left_out = 0
 
     def report(self, errors: Iterable[ReadError]) -> int:
         """Log (once per shard) the ReadError records ``errors``; returns the samples they left out."""
@@ -42,6 +44,15 @@ class ErrorPolicy:
                 log.warning("skipping corrupt data in %s: %s (further errors in this shard are counted, "
                             "not logged)", e.shard, e.reason)
         return n
+
+    def leave_out(self, errors: Iterable[ReadError]) -> None:
+        """Data left out when the index was made (a foreign shard that cannot be scanned, a
+        sample whose name is not UTF-8): logged now, once per shard, and counted in every
+        epoch's errors_skipped (the Loader adds it as an epoch starts), as a damaged shard
+        read from an index is. A shard left out whole counts once: its samples are unknown."""
+        errors = list(errors)
+        self.left_out += sum(max(1, e.samples) for e in errors)
+        self.report(errors)
 
     def __repr__(self) -> str:
         return f"ErrorPolicy({self.name!r})"

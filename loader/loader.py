@@ -177,6 +177,8 @@ class Loader:
                 raise
         st = self._stats
         st.start_epoch(self.epoch, fresh=self._pos["step"] == 0)
+        if self._pos["step"] == 0 and self.policy.left_out:
+            st.errors_skipped += self.policy.left_out  # shards or samples left out when the index was made
         st.started = time.perf_counter()
         try:
             if autotune.pending(self._auto):

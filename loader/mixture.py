@@ -123,6 +123,7 @@ class Mixture(_topology.Placed):
         self.drop_last = bool(drop_last)
         self.on_error = on_error
         self.policy = ErrorPolicy(on_error)
+        self.policy.left_out = sum(s.policy.left_out for s in self.sources)  # logged by each source already
         self.topology = _topology.detect(rank, world_size)
         self.follow = self.stream is not None
         self.epoch = 0

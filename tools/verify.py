@@ -199,6 +199,8 @@ def main(args) -> int:
     # scanning happened on open, so these come first, in the order scanned
     for path, reason in index.skipped:
         print(f"BAD {path}: {reason}")
+    for e in index.left_out:  # a sample of a readable tar left out on open (a name that is not UTF-8)
+        print(f"BAD {e.shard}: {e.reason}")
     bad = []
     total = int(index.sizes[shards].sum()) if shards else 0
     with tqdm(total=total, unit="B", unit_scale=True, desc="verify", file=sys.stderr,
@@ -216,7 +218,7 @@ def main(args) -> int:
         print("note: no index here; the tars were scanned now, so hashes were not checked against a record")
     secs = time.perf_counter() - t0
     mb_s = total / 1e6 / max(secs, 1e-9)
-    n_bad = len(bad) + len(index.skipped)
+    n_bad = len(bad) + len(index.skipped) + len({e.shard for e in index.left_out})
     verdict = plural(n_bad, "bad shard") if n_bad else "all good"
     samples = int(index.counts[shards].sum()) if shards else 0
     print(f"verified {plural(len(shards) + len(index.skipped), 'shard')}, {plural(samples, 'sample')}, {human_bytes(total)} "

@@ -11,6 +11,8 @@ too little (the shards of one batch alone exceed it), opening the shard is a
 ShardError naming the setting. Peak use is the budget plus the shards being
 decompressed: the one a read needs and the one decompress_ahead.py's thread
 is on (``try_acquire``: it takes only free budget and closes nothing).
+Read in stored order, a shard is closed well before that: once neither the
+read nor the next one needs it (OpenShards.let_go, from the loader's hint).
 """
 
 from __future__ import annotations

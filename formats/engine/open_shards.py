@@ -22,7 +22,9 @@ view and bad mark so the next ``get`` asks ``path_of`` again (a damaged cached
 copy that the cache refetched). formats knows nothing of the cache.
 
 Lifecycle of a shard number: unopened -> open (in the LRU, maybe pinned) ->
-closed by eviction (unopened again) | retired as bad (never opened again).
+closed by eviction, by the budget of decompressed bytes, or once the reads
+have moved past it (``let_go``: compressed ones) (unopened again) | retired
+as bad (never opened again).
 """
 
 from __future__ import annotations
@@ -317,6 +319,15 @@ class OpenShards:
             if nbytes <= 0:
                 return
             nbytes -= self.views[s].reader.budget_bytes
+            self._close(s, self._pop_view(s))
+
+    def let_go(self, needed: set) -> None:
+        """Close the unpinned compressed shards (held decompressed in memory)
+        that ``needed``, the shards of the next reads, leaves out: the read has
+        moved on, and memory would otherwise grow with every shard read until
+        the budget's limit (decompressed.py)."""
+        for s in [s for s, v in self.views.items() if s not in self._pins and s not in needed
+                  and isinstance(v, TarView) and v.reader.budget_bytes]:
             self._close(s, self._pop_view(s))
 
     def evict(self) -> None:

@@ -173,3 +173,35 @@ def test_prefetch_must_be_a_positive_int_or_auto(root):
         with pytest.raises(ValueError, match="prefetch=.* must be an int >= 1 or \"auto\""):
             Loader(ds, batch_size=8, prefetch=bad)
     assert Loader(ds, batch_size=8, num_workers=2, prefetch="auto").stats()["autotune"]["prefetch"]["chosen"] is None
+
+
+@pytest.mark.parametrize("chosen", [2, 0])
+def test_auto_without_a_transform_delivers_every_sample_once_across_the_switch(root, monkeypatch, chosen):
+    """No transform: the read-ahead thread may be on at 0 workers (a transform turns it off, and every
+    other test here passes one). The probe's batches, then the chosen workers' (or this process's),
+    must be exactly the plan's steps: a batch read ahead during the probe and dropped at the hand-over
+    would be lost (a mutant doing that passed the rest of the suite)."""
+    from shardfeed.formats.engine import split_gather
+
+    monkeypatch.setattr(autotune, "choose", lambda *a: (chosen, f"{chosen} workers: chosen by the test"))
+    monkeypatch.setattr(split_gather, "threads_allowed", lambda: 2)  # read-ahead on, even on one core
+    monkeypatch.delenv("SHARDFEED_READ_AHEAD", raising=False)
+
+    def run(workers):
+        ds = ShardDataset(root, shuffle="global", seed=3)
+        with Loader(ds, batch_size=16, num_workers=workers) as loader:
+            out = []
+            for epoch in range(2):
+                loader.set_epoch(epoch)
+                for b in loader:
+                    out.append((epoch, list(b["__key__"]), b["cls"].tolist()))
+                    time.sleep(0.002)  # a training step: the consumer is away, so reading ahead pays
+            return out, loader.num_workers
+
+    ref, _ = run(0)
+    got, n = run("auto")
+    assert n == chosen
+    assert got == ref
+    for epoch in range(2):
+        keys = [k for e, ks, _ in got if e == epoch for k in ks]
+        assert sorted(keys) == [f"{i:05d}" for i in range(480)]  # every sample once

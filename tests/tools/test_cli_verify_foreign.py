@@ -102,3 +102,18 @@ def test_inspect_shows_a_foreign_folder_and_lists_its_unreadable_tar(tmp_path, c
         os.truncate(p, 700)
     assert main(["inspect", str(tmp_path / "wds")]) == 2
     assert "and 3 more unreadable shards" in capsys.readouterr().err
+
+
+def test_verify_names_a_member_name_that_is_not_utf8(tmp_path, capsys):
+    """A name that is not UTF-8 leaves its sample out of a tar read under skip (the rest is read):
+    verify still names the tar BAD."""
+    from test_foreign_skips import _member
+
+    folder = tmp_path / "wds"
+    folder.mkdir()
+    (folder / "a.tar").write_bytes(_member(b"caf\xe9.cls", b"1") + _member(b"ok.cls", b"2") + bytes(1024))
+    assert main(["verify", str(folder), "--quiet"]) == 1
+    out = capsys.readouterr().out
+    assert _bad_lines(out) == [f"BAD {folder / 'a.tar'}: member name b'caf\\xe9.cls' at byte 0 is not UTF-8 (sample "
+                               "keys must be text); rename the member or re-encode the archive's names"]
+    assert "1 bad shard" in out

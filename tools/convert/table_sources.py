@@ -207,6 +207,10 @@ class ParquetSource(UnitSource):
                 raise ShardError(path, f"columns {missing} are missing; the file has {pf.schema_arrow.names}")
             table = pf.read_row_group(g, columns=cols)
             table.validate(full=True)
+            want = int(self.offsets[u + 1] - self.offsets[u])
+            if table.num_rows != want:  # rows are addressed by the metadata's counts
+                raise ShardError(path, f"row group {g} holds {table.num_rows} rows but the file's metadata says "
+                                       f"{want} (corrupt file)")
             return {name: table.column(name).to_pylist() for name in table.column_names}
         except FOOTER_ERRORS as e:
             raise ShardError(path, f"row group {g} is unreadable: {type(e).__name__}: {e}") from None
