@@ -15,6 +15,7 @@ launcher, however it ends (launch.py). Launch it either way:
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import signal
 import socket
@@ -57,6 +58,19 @@ def _worker(rank: int, world: int, port: int, args, launcher: int) -> None:
         sys.exit(2)
     finally:
         dist.destroy_process_group()
+
+
+def resume_hint(path: str | None) -> str:
+    """Where a stopped run can go on from: the checkpoint and its step (read from its ``PATH.json``)."""
+    if not path:
+        return "No --checkpoint was given, so nothing was saved: pass --checkpoint PATH to be able to resume."
+    try:
+        with open(path + ".json") as f:
+            info = json.load(f)
+        at = f"step {info['step']}, epoch {info['epoch']}"
+    except (OSError, ValueError, KeyError):
+        return f"No checkpoint was written to {path} yet: a rerun starts from the beginning."
+    return f"The last checkpoint is {path} ({at}): continue with --resume --checkpoint {path}."
 
 
 def _timeout(args) -> datetime.timedelta:
@@ -106,17 +120,22 @@ def main(args) -> int:
     t0 = time.perf_counter()
     try:
         stopped_by = run_ranks(_worker, args.ranks, (args.ranks, _free_port(), args))
+    except torch.multiprocessing.ProcessRaisedException as e:  # an exception in a rank: its traceback, then why
+        print(str(e).strip(), file=sys.stderr)
+        print(f"shardfeed train: error: rank {e.error_index} raised the exception above; the other ranks were "
+              f"stopped. {resume_hint(args.checkpoint)}", file=sys.stderr)
+        return 1
     except torch.multiprocessing.ProcessExitedException as e:
         if e.exit_code == 2:  # the rank printed its one-line error
             return 2
         how = f"was killed by {e.signal_name}" if e.signal_name else f"exited with code {e.exit_code}"
-        print(f"shardfeed train: error: rank {e.error_index} {how}; the other ranks were stopped "
-              "(resume from the last --checkpoint)", file=sys.stderr)
+        print(f"shardfeed train: error: rank {e.error_index} {how}; the other ranks were stopped. "
+              f"{resume_hint(args.checkpoint)}", file=sys.stderr)
         return 1
     if stopped_by is not None:
         name = signal.Signals(stopped_by).name
-        print(f"shardfeed train: stopped by {name}; its {plural(args.ranks, 'rank')} were stopped "
-              "(resume from the last --checkpoint)", file=sys.stderr)
+        print(f"shardfeed train: stopped by {name}; its {plural(args.ranks, 'rank')} were stopped. "
+              f"{resume_hint(args.checkpoint)}", file=sys.stderr)
         return 128 + stopped_by
     print(f"trained on {plural(args.ranks, 'rank')} in {time.perf_counter() - t0:.1f}s", flush=True)
     return 0
