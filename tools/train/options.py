@@ -17,7 +17,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a = p.add_argument
     a("data", help="training data: a dataset folder (shards + index.arrow) or URL prefix, with jpg/png + cls fields")
     a("--eval-data", default=None,
-      help="held-out dataset with the same fields (default: DATA itself, i.e. train accuracy)")
+      help="held-out dataset with the same fields (default: none, and the accuracy printed each epoch is "
+           "the training accuracy, on DATA itself, and says so)")
     a("--ranks", type=int, default=2, help="local CPU ranks to spawn when not under torchrun")
     a("--epochs", type=int, default=3, help="passes over DATA (ignored with --follow: the stream is one pass)")
     a("--batch-size", default="64",
