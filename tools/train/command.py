@@ -22,12 +22,8 @@ import socket
 import sys
 import time
 
-import torch
-import torch.distributed as dist
-
 from shardfeed.tools.text import plural
 from shardfeed.tools.train.launch import die_with_parent, run_ranks
-from shardfeed.tools.train.loop import run_rank
 from shardfeed.tools.train.options import add_arguments as _add
 from shardfeed.tools.train.options import check_data, check_options, is_url
 
@@ -38,12 +34,17 @@ def add_arguments(p) -> None:
 
 
 def _backend(args) -> str:
+    import torch
+
     cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     return "nccl" if cuda else "gloo"
 
 
 def _worker(rank: int, world: int, port: int, args, launcher: int) -> None:
+    import torch.distributed as dist
+
     from shardfeed.formats import ShardError
+    from shardfeed.tools.train.loop import run_rank
 
     die_with_parent(launcher)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
@@ -110,6 +111,11 @@ def main(args) -> int:
         if not under_torchrun or os.environ["RANK"] == "0":  # every rank exits; one says why
             print(f"shardfeed train: error: {problem}", file=sys.stderr)
         return 2
+    import torch  # here, not at the top: `shardfeed train --help` and option errors need none of it
+    import torch.distributed as dist
+
+    from shardfeed.tools.train.loop import run_rank
+
     if under_torchrun:
         dist.init_process_group(_backend(args), timeout=_timeout(args))
         try:

@@ -29,7 +29,6 @@ import time
 from tqdm import tqdm
 
 from shardfeed.formats import ShardWriter
-from shardfeed.loader import Loader, ShardDataset
 from shardfeed.tools.text import plural, show_progress
 from shardfeed.tools.train.synth import image_samples
 
@@ -94,6 +93,8 @@ def build_dataset(args, name: str = "train", samples: int | None = None, seed: i
 
 def read_back(root: str, labels: dict, args) -> None:
     """Two epochs through the Loader, every label checked against what was written."""
+    from shardfeed.loader import Loader, ShardDataset  # torch: not for `shardfeed demo --help`
+
     ds = ShardDataset(root, shuffle="global", seed=0)
     rates = []
     with Loader(ds, batch_size=args.batch_size, num_workers=args.workers) as loader:

@@ -1,4 +1,7 @@
-"""`shardfeed train`'s options, and the checks that run before any rank starts."""
+"""`shardfeed train`'s options, and the checks that run before any rank starts.
+
+Nothing here imports torch: `shardfeed train --help` and the option errors come at once.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +11,17 @@ import re
 
 from shardfeed.loader import BatchSchedule, Stage
 from shardfeed.tools.byte_sizes import parse_size
-from shardfeed.tools.train.model import IMAGE_EXTS, image_field
 
 ORDERS = ("none", "shard", "block", "global")
+IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
+
+
+def image_field(index) -> str | None:
+    """The first image field of ``index`` (by its extension), or None."""
+    for f in index.fields:
+        if f.rsplit(".", 1)[-1] in IMAGE_EXTS:
+            return f
+    return None
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
