@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from shardfeed.formats.errors import ReadError
+from shardfeed.formats.errors import ReadError, ShardError
 
 log = logging.getLogger("shardfeed.loader")
 
@@ -23,6 +23,11 @@ class WorkerError(RuntimeError):
     the worker, its pid, the batch it was making and its traceback."""
 
 
+SKIP_HINT = ("to read on past damaged data, pass on_error=\"skip\" to ShardDataset: it leaves a damaged sample or "
+             "shard out, counts it in Loader.stats() (errors_skipped) and logs it once per shard; `shardfeed verify "
+             "DATASET` lists every damaged shard")
+
+
 class ErrorPolicy:
     def __init__(self, on_error: str = "raise"):
         if on_error not in POLICIES:
@@ -31,6 +36,11 @@ class ErrorPolicy:
         self.name = on_error
         self.skip = on_error == "skip"
         self._logged: set[str] = set()
+
+    def explain(self, e: BaseException) -> None:
+        """Under ``"raise"``: add to a data error what ``"skip"`` would do (once)."""
+        if not self.skip and isinstance(e, ShardError) and SKIP_HINT not in getattr(e, "__notes__", ()):
+            e.add_note(SKIP_HINT)
 
     def report(self, errors: Iterable[ReadError]) -> int:
         """Log (once per shard) the ReadError records ``errors``; returns the samples they left out."""

@@ -203,9 +203,10 @@ class Loader:
                     return
         except GeneratorExit:
             raise  # the consumer left the loop (or the interpreter exits): the pool stays for the next one
-        except BaseException:
+        except BaseException as e:
             if self._pool is not None:
                 self._shutdown_pool()
+            self.policy.explain(e)
             raise
         finally:
             if st.started is not None:
