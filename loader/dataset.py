@@ -45,7 +45,8 @@ class ShardDataset(_topology.Placed, torch.utils.data.IterableDataset):
     """Samples ``{"__key__": str, FIELD: value}`` of this rank's share of an epoch.
 
     source: a dataset folder, a ``.tar`` file or a ``file://`` URL. shuffle:
-    ``none``, ``shard``, ``block`` or ``global`` (shardfeed.shuffling.Order).
+    ``none``, ``shard``, ``block`` or ``global`` (shardfeed.shuffling.Order);
+    ``True``/``False``, as in a torch DataLoader, are ``global``/``none``.
     decode: decode fields by extension (cls -> int, txt -> str, json, npy,
     images -> RGB uint8 HWC arrays; other extensions stay bytes); False keeps
     bytes. transform: a function of one sample (``transform(sample)`` or, if
@@ -92,7 +93,9 @@ class ShardDataset(_topology.Placed, torch.utils.data.IterableDataset):
     ``gs://`` and the other fsspec schemes; ``storage_options`` go to its
     fsspec filesystem). Its index is mirrored into the cache folder and its
     shards are read from verified copies there, at most ``cache_limit_bytes``
-    on disk, fetched ahead of use by a Loader in order of next use. Without
+    on disk (an int, a size such as ``"50GB"``, or a float in (0, 1]: that share
+    of the size of the cache folder's disk), fetched ahead of use by a Loader in
+    order of next use. Without
     ``cache_dir`` a URL uses ``$SHARDFEED_CACHE_DIR``, else
     ``<tmp>/shardfeed-cache-<uid>`` (shared by every rank and job of the user
     on the node: entries are keyed by content hash), with a warning naming it.
@@ -144,6 +147,11 @@ class ShardDataset(_topology.Placed, torch.utils.data.IterableDataset):
         if (replay or window is not None) and not self.follow:
             raise ValueError(f"replay={replay!r}/window={window!r} mix older samples into a followed stream; "
                              "pass follow=True or leave them at 0.0/None")
+        if cache_limit_bytes is not None:  # an int, "50GB" or a share of the cache folder's disk
+            from shardfeed.cache.reads import default_cache_dir
+            from shardfeed.formats.byte_sizes import parse_limit
+
+            cache_limit_bytes = parse_limit(cache_limit_bytes, "cache_limit_bytes", lambda: cache_dir or default_cache_dir())
         self.cache = None  # a cache.reads.CacheSpec when shards are read through the node-local cache
         self._mirror = None  # a followed URL's mirror folder in the cache (loader/remote_follow.py)
         if self.follow and locality:

@@ -56,8 +56,10 @@ def bad_number(args: argparse.Namespace) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from shardfeed.tools.byte_sizes import join_negative_values
     from shardfeed.tools.extras import MissingExtra
 
+    argv = join_negative_values(sys.argv[1:] if argv is None else list(argv))
     args = build_parser(argv).parse_args(argv)
     err = bad_number(args)
     if err:

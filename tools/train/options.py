@@ -10,7 +10,7 @@ import os
 import re
 
 from shardfeed.loader import BatchSchedule, Stage
-from shardfeed.tools.byte_sizes import parse_size
+from shardfeed.tools.byte_sizes import size_option
 
 ORDERS = ("none", "shard", "block", "global")
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
@@ -52,7 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--device", choices=("auto", "cpu", "cuda"), default="auto",
       help="cuda (NCCL, bf16 autocast, pinned memory) where available, else cpu (gloo)")
     a("--cache-dir", default=None, help="node-local shard cache for a URL source")
-    a("--cache-limit", default=None, help="bytes the cache may hold, e.g. 64MB (needs --cache-dir)")
+    a("--cache-limit", default=None, type=size_option, help="bytes the cache may hold, e.g. 64MB (needs --cache-dir)")
     a("--follow", action="store_true", help="train on a growing dataset as shards are published, until its end commit")
     a("--replay", type=float, default=0.0, help="with --follow: share of each global batch drawn from older samples")
     a("--window", type=int, default=None, help="with --follow: replay from the last N commits only (default: all)")
@@ -134,7 +134,6 @@ def check_options(args) -> None:
             raise ValueError(f"batch sizes {','.join(map(str, stage.batch_size))} name {len(stage.batch_size)} ranks "
                              f"but the job has {world}; give one batch size per rank (or one for all)")
     if args.cache_limit is not None:
-        parse_size(args.cache_limit)
         if args.cache_dir is None:
             raise ValueError(f"--cache-limit {args.cache_limit} needs --cache-dir (where the cache lives)")
     if (args.replay or args.window is not None) and not args.follow:
