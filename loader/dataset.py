@@ -39,6 +39,9 @@ if TYPE_CHECKING:  # the read path and a followed stream's feed, imported when u
     from shardfeed.loader.feeds.stream_log import RegrowMaker
 
 _BLOCK = 64  # positions per block when a torch DataLoader's workers split a plan
+# a followed dataset read sample by sample (a plain torch DataLoader): samples per rank in one step of its
+# stream; a step forms once world x this many are published (or at the end commit), so it bounds the latency
+_FOLLOW_STEP = 8
 
 
 class ShardDataset(_topology.Placed, torch.utils.data.IterableDataset):
@@ -309,6 +312,9 @@ class ShardDataset(_topology.Placed, torch.utils.data.IterableDataset):
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = torch.utils.data.get_worker_info()
         wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+        if self.follow:
+            yield from self._followed_samples(wid, nw)
+            return
         plan = self.unbatched_plan()
         most = len(self.index) or 1  # shards one read may touch: bounded by a cache's budget
         if self.cache is not None:
@@ -323,6 +329,21 @@ class ShardDataset(_topology.Placed, torch.utils.data.IterableDataset):
                 ids = plan.positions(b * _BLOCK, min(plan.num_samples, (b + 1) * _BLOCK))
                 for part in (split_by_shards(ids, self.index.offsets, most) if self.cache is not None else (ids,)):
                     samples, info = maker.make(part, self.image_size)
+                    self.policy.report(info["errors"])
+                    yield from samples
+        finally:
+            maker.close()
+
+    def _followed_samples(self, wid: int, nw: int) -> Iterator[dict[str, Any]]:
+        """A followed stream sample by sample: this rank's steps of the stream (a Loader's rule, steps of
+        ``_FOLLOW_STEP`` samples a rank), step ``s`` read by DataLoader worker ``s % nw``; every worker
+        walks the same steps (waiting for commits alike), so each published sample comes once."""
+        feed = self.feed(BatchSchedule.of(_FOLLOW_STEP))
+        maker = self.maker(_as_samples, readers=nw)
+        try:
+            for item in feed:
+                if item.step % nw == wid:
+                    samples, info = maker.make(item.ids(), self.image_size)
                     self.policy.report(info["errors"])
                     yield from samples
         finally:
