@@ -84,3 +84,16 @@ def test_the_summary_gives_start_up_and_steady_stall_apart(monkeypatch):
     line = log.summary(40)
     assert re.search(r"data stall 20\.[78]% \(start-up", line), line  # 10 x 0.8 + 30 x 0.01 over 40 s
     assert f"(start-up, the first {STARTUP_STEPS} steps: 80.0% of 10.0s; after it: 1.0%)" in line, line
+
+
+def test_train_tensorboard_holds_loss_loader_stats_and_accuracy(data, capsys, tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    _train(capsys, data[0], "--eval-data", data[1], "--tensorboard", str(tmp_path / "tb"))
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"train/loss", "train/data_stall", "loader/samples_per_s", "loader/decode_s", "loader/batch_size",
+            "eval/accuracy"} <= tags, tags
+    assert [e.step for e in events.Scalars("train/loss")] == [2, 4, 6]

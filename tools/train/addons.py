@@ -25,6 +25,7 @@ class ReferenceHooks(Hooks):
         self.log = StepLog(args.log_every, rank)
         self.trace = Trace(args.trace, rank, world)
         self.records, self.stage, self.report = None, None, {}
+        self.metrics = Metrics(args.tensorboard if rank == 0 else None)
 
     def on_start(self, step, resumed):
         if resumed is not None:
@@ -46,6 +47,7 @@ class ReferenceHooks(Hooks):
     def on_step(self, step, epoch, batch, loss):
         self.trace.add(step, epoch, batch["__key__"])
         self.log.step(step, epoch, loss, self.loader, self.device)
+        self.metrics.step(step, self.log, self.loader)
 
     def on_epoch_end(self, epoch, step, stopped):
         self.log.step(step, epoch, None, self.loader, self.device, force=True)  # the epoch's last window
@@ -57,6 +59,7 @@ class ReferenceHooks(Hooks):
                        "held_out": held_out, "classes": self.classes, "steps": step}
         if self.rank == 0:
             print(accuracy_line(epoch, correct, total, self.classes, step, held_out), flush=True)
+        self.metrics.write(step, {("eval/accuracy" if held_out else "train/accuracy"): self.report["accuracy"]})
 
     def before_checkpoint(self, step):
         if self.records is not None:  # before the checkpoint: see audit_records.py
@@ -69,6 +72,33 @@ class ReferenceHooks(Hooks):
 
     def history(self):
         return self.log.records
+
+
+class Metrics:
+    """``--tensorboard DIR`` (rank 0): at each log line the loader's stats (loader/exporters.py) and the
+    step log's loss, samples/s and data stall; the accuracy after each epoch."""
+
+    def __init__(self, folder: str | None):
+        self.exporter = None
+        if folder:
+            from shardfeed.loader.exporters import TensorBoardExporter
+
+            self.exporter = TensorBoardExporter(folder)
+
+    def step(self, step: int, log, loader) -> None:
+        if self.exporter is None or not log.records or log.records[-1]["step"] != step:
+            return  # not a log step
+        rec = log.records[-1]
+        self.exporter.export(loader, step, {"train/loss": rec["loss"], "train/samples_per_s": rec["samples_per_s"],
+                                            "train/data_stall": rec["stall"]})
+
+    def write(self, step: int, values: dict) -> None:
+        if self.exporter is not None:
+            self.exporter.write(step, values)
+
+    def close(self) -> None:
+        if self.exporter is not None:
+            self.exporter.close()
 
 
 def accuracy_line(epoch: int, correct: int, total: int, classes: int, step: int, held_out: bool) -> str:

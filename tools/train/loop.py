@@ -78,6 +78,7 @@ def run_rank(rank: int, world: int, args) -> dict:
         print(f"stopped after step {step} (--max-steps); resume with --resume --checkpoint {args.checkpoint}",
               flush=True)
     hooks.trace.close()
+    hooks.metrics.close()
     loader.close()
     if rank == 0:
         print(hooks.log.summary(step) + f" ({time.perf_counter() - t_start:.1f}s with evaluation)", flush=True)

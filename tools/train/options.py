@@ -71,6 +71,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
       help="record every sample each rank delivers (Loader(audit=True)), also of a --follow stream (not with "
            "--replay); the records go beside --checkpoint (CHECKPOINT.audit/), for "
            "`shardfeed audit CHECKPOINT.audit/*.json`")
+    a("--tensorboard", default=None, metavar="DIR",
+      help="write the loss, accuracy and the loader's stats (samples/s, stall, read/decode time, cache) to a "
+           "TensorBoard log folder every --log-every steps (needs the tensorboard package: shardfeed[metrics])")
     a("--trace", default=None, help="folder: each rank appends the keys of every batch it trains on (audits)")
 
 
@@ -149,6 +152,12 @@ def check_options(args) -> None:
         raise ValueError(f"--audit of a followed stream checks each published sample is delivered once; --replay "
                          f"{args.replay} draws older samples again (with repeats), which it cannot judge: drop "
                          "--audit or --replay")
+    if args.tensorboard:
+        import importlib.util
+
+        if importlib.util.find_spec("tensorboard") is None:
+            raise ValueError(f"--tensorboard {args.tensorboard} needs the tensorboard package, which is not "
+                             "installed: pip install 'shardfeed[metrics]' (from a clone: pip install -e '.[metrics]')")
     if args.init and not os.path.exists(args.init):
         raise ValueError(f"--init {args.init}: no such checkpoint")
     if args.device == "cuda":
