@@ -35,8 +35,8 @@ def data(tmp_path_factory):
 def _train(capsys, *argv) -> str:
     p = argparse.ArgumentParser()
     add_arguments(p)
-    run_rank(0, 1, p.parse_args([*argv, "--epochs", "1", "--batch-size", "16", "--workers", "0", "--plot", "none",
-                                 "--log-every", "2", "--warmup-steps", "0"]))
+    run_rank(0, 1, p.parse_args(["--epochs", "1", "--batch-size", "16", "--workers", "0", "--plot", "none",
+                                 "--log-every", "2", "--warmup-steps", "0", *argv]))  # argv's options win
     return capsys.readouterr().out
 
 
@@ -97,3 +97,21 @@ def test_train_tensorboard_holds_loss_loader_stats_and_accuracy(data, capsys, tm
     assert {"train/loss", "train/data_stall", "loader/samples_per_s", "loader/decode_s", "loader/batch_size",
             "eval/accuracy"} <= tags, tags
     assert [e.step for e in events.Scalars("train/loss")] == [2, 4, 6]
+
+
+def test_the_plot_shows_accuracy_and_where_a_stopped_run_resumed(data, capsys, tmp_path):
+    """--max-steps 4 then --resume: the records say which run wrote them and hold each epoch's accuracy."""
+    pytest.importorskip("matplotlib")
+    from shardfeed.tools.train import checkpoint
+    from shardfeed.tools.train.steplog import panels, resume_steps
+
+    ck, plot = str(tmp_path / "ck.pt"), str(tmp_path / "plot.png")
+    common = (data[0], "--eval-data", data[1], "--checkpoint", ck, "--plot", plot)
+    _train(capsys, *common, "--max-steps", "4")
+    _train(capsys, *common, "--resume")
+    records = checkpoint.load(ck)["history"]
+    assert resume_steps(records) == [4] and {r["run"] for r in records} == {0, 1}
+    assert records[-1]["accuracy"] is not None and records[-1]["held_out"] is True
+    assert [p[1] for p in panels(records)][-1] == "held-out accuracy %"
+    with open(plot, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"

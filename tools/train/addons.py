@@ -29,7 +29,7 @@ class ReferenceHooks(Hooks):
 
     def on_start(self, step, resumed):
         if resumed is not None:
-            self.log.records = list(resumed["history"])
+            self.log.resumed(resumed["history"])
             if self.rank == 0:
                 print(f"resumed from {self.args.checkpoint} at step {step} (epoch {self.loader.epoch}, step "
                       f"{self.loader.state_dict()['step']} of it; saved by {resumed['meta'].get('world_size')} "
@@ -55,6 +55,7 @@ class ReferenceHooks(Hooks):
             return
         correct, total = self.evaluate(self.stage)
         held_out = bool(self.args.eval_data)
+        self.log.accuracy(correct / max(1, total), held_out)
         self.report = {"epoch": epoch, "accuracy": correct / max(1, total), "eval_samples": total,
                        "held_out": held_out, "classes": self.classes, "steps": step}
         if self.rank == 0:
