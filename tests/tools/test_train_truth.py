@@ -115,3 +115,11 @@ def test_the_plot_shows_accuracy_and_where_a_stopped_run_resumed(data, capsys, t
     assert [p[1] for p in panels(records)][-1] == "held-out accuracy %"
     with open(plot, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    # the demo's comparison: the same data with --shuffle none, both runs' histories on one figure
+    from shardfeed.tools.train.demo import _compare
+
+    base = str(tmp_path / "base.pt")
+    _train(capsys, data[0], "--eval-data", data[1], "--checkpoint", base, "--shuffle", "none")
+    compared = _compare(ck, base, str(tmp_path / "compared.png"))
+    with open(compared, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
