@@ -171,8 +171,12 @@ class ShardDataset(_topology.Placed, torch.utils.data.IterableDataset):
                                  "node-local cache (only a URL is followed through it); drop "
                                  "cache_dir/cache_limit_bytes or follow=True")
             from shardfeed.loader.caching import open_cached
+            from shardfeed.loader.errors import with_credentials_hint
 
-            self.cache, self.index = open_cached(source, cache_dir, cache_limit_bytes, storage_options)
+            try:
+                self.cache, self.index = open_cached(source, cache_dir, cache_limit_bytes, storage_options)
+            except ShardError as e:
+                raise with_credentials_hint(e) from e.__cause__
         elif self.follow:
             self.index = _stream_index(_local_folder(source))  # may be empty: samples come later
         else:

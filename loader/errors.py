@@ -28,6 +28,25 @@ SKIP_HINT = ("to read on past damaged data, pass on_error=\"skip\" to ShardDatas
              "DATASET` lists every damaged shard")
 
 
+# what an object store's client raises when it found no credentials anywhere (botocore's names)
+_NO_CREDENTIALS = ("NoCredentialsError", "PartialCredentialsError")
+CREDENTIALS_HINT = ("no AWS credentials were found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE "
+                    "for ~/.aws/credentials), and AWS_ENDPOINT_URL for a store other than AWS; or pass "
+                    "storage_options={'key': ..., 'secret': ...} ({'anon': True} for a public bucket)")
+
+
+def with_credentials_hint(e: ShardError) -> ShardError:
+    """``e`` itself, or, when an object store found no credentials, the same error saying where they go."""
+    cause, seen = e.__cause__ or e.__context__, 0
+    while cause is not None and seen < 16:
+        if type(cause).__name__ in _NO_CREDENTIALS:
+            better = ShardError(e.shard, f"{e.reason}; {CREDENTIALS_HINT}")
+            better.__cause__ = e
+            return better
+        cause, seen = cause.__cause__ or cause.__context__, seen + 1
+    return e
+
+
 class ErrorPolicy:
     def __init__(self, on_error: str = "raise"):
         if on_error not in POLICIES:

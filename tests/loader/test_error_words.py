@@ -4,12 +4,15 @@ Regressions, each met in a first hour: a raw ImageFolder tree gave "no
 index.arrow, no commit log and no tar shards here" (convert reads exactly that
 tree); a dataset URL that does not exist gave "no index.arrow and no readable
 _log/ commit log here; write the dataset with ShardWriter..." (it was not
-found); a truncated shard said nothing of on_error="skip"; an epoch Loader's
+found); a truncated shard said nothing of on_error="skip"; S3 without credentials retried
+and said "NoCredentialsError" with no word of where credentials go; an epoch Loader's
 state loaded into a followed one gave "feed state version 2 / kind 'epoch' is
 not 1 or 2 / 'follow'"; Loader(batch_size=0) gave "Stage: batch size 0".
 """
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -70,3 +73,16 @@ def test_a_bad_batch_size_names_the_loader_argument(make_dataset, bs):
     with pytest.raises(ValueError) as e:
         Loader(ShardDataset(make_dataset(8, shard_samples=8)), bs)
     assert str(e.value).startswith(f"Loader(batch_size={bs!r}): batch size") and "Stage" not in str(e.value)
+
+
+def test_s3_without_credentials_names_the_variables(moto_endpoint, tmp_path, monkeypatch):
+    for name in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    for name in ("AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE"):
+        monkeypatch.setenv(name, str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("SHARDFEED_FETCH_ATTEMPTS", "1")
+    options = {"client_kwargs": {"endpoint_url": moto_endpoint, "region_name": "us-east-1"}}
+    with pytest.raises(ShardError, match=r"NoCredentialsError.*no AWS credentials were found: set AWS_ACCESS_KEY_ID "
+                                         r"and AWS_SECRET_ACCESS_KEY .*AWS_ENDPOINT_URL"):
+        ShardDataset("s3://bucket/ds", cache_dir=str(tmp_path / "cache"), storage_options=options)
