@@ -52,3 +52,24 @@ def test_ingest_end_refuses_what_it_cannot_end(tmp_path, capsys):
     assert "is not a growing dataset" in capsys.readouterr().err
     assert main(["ingest", root]) == 2  # one folder without --end: say what ingest needs
     assert f"`shardfeed ingest --end {root}`" in capsys.readouterr().err
+
+
+def test_ingest_end_alone_ends_an_s3_stream(tmp_path, moto_endpoint, monkeypatch, capsys):
+    import boto3
+
+    from cache_servers import s3_options
+
+    boto3.client("s3", endpoint_url=moto_endpoint, aws_access_key_id="testing", aws_secret_access_key="testing",
+                 region_name="us-east-1").create_bucket(Bucket="ending")
+    for k, v in dict(AWS_ENDPOINT_URL=moto_endpoint, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
+                     AWS_DEFAULT_REGION="us-east-1").items():
+        monkeypatch.setenv(k, v)
+    src = tmp_path / "a.jsonl"
+    src.write_text("".join(f'{{"id": "r{i:03d}", "cls": 1}}\n' for i in range(12)))
+    url = "s3://ending/ds"
+    assert main(["ingest", str(src), url, "--key-column", "id", "--max-shard-samples", "5", "-q"]) == 0
+    assert main(["ingest", "--end", url]) == 0  # the writer is gone: only the end commit
+    follow = ShardDataset(url, follow=True, cache_dir=str(tmp_path / "c"), storage_options=s3_options(moto_endpoint),
+                          poll_s=0.02, idle_timeout_s=30)
+    assert sorted(k for b in Loader(follow, 4) for k in b["__key__"]) == [f"r{i:03d}" for i in range(12)]
+    assert f"ended the stream of {url} by commit" in capsys.readouterr().out
