@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
 import os
 import signal
 import socket
@@ -124,6 +125,9 @@ def main(args) -> int:
             dist.destroy_process_group()
         return 0
     t0 = time.perf_counter()
+    # torch logs "Terminating process N via signal SIGTERM" for each rank it stops after another failed:
+    # the one line below says so, naming the failed rank
+    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
     try:
         stopped_by = run_ranks(_worker, args.ranks, (args.ranks, _free_port(), args))
     except torch.multiprocessing.ProcessRaisedException as e:  # an exception in a rank: its traceback, then why
