@@ -146,8 +146,8 @@ def mirror_index(url: str, cache: ShardCache) -> str:
     for name in log:
         _copy(f"{url}/{LOG_DIR}/{name}", os.path.join(folder, LOG_DIR, name), cache, _MAX_LOG_ENTRY)
     if not have_index and not log:
-        raise ShardError(url, f"no {INDEX_NAME} and no readable {LOG_DIR}/ commit log here; write the dataset "
-                              "with ShardWriter or index it with `shardfeed convert` before reading it remotely")
+        raise ShardError(url, f"not found: no {INDEX_NAME} and no {LOG_DIR}/ commit log is there (check the "
+                              "URL and bucket; a dataset is written with ShardWriter or `shardfeed convert`)")
     return folder
 
 

@@ -356,7 +356,9 @@ def open_index(source, follow_log: bool = True, on_error: str = "raise") -> Data
         if not os.path.isdir(os.path.join(root, LOG_DIR)):
             shards = sorted(n for n in os.listdir(root) if n.endswith((".tar", ".tgz", ".tar.gz", ".tar.zst")))
             if not shards:
-                raise ShardError(root, f"no {INDEX_NAME}, no commit log and no tar shards here")
+                raise ShardError(root, f"no {INDEX_NAME}, no commit log and no tar shards here: not a dataset yet. "
+                                       f"`shardfeed convert {root} OUT` reads a folder of images by class "
+                                       "(ImageFolder), JSONL, CSV or Parquet files into shards; then read OUT")
             from shardfeed.formats.index_scan import scan_foreign
 
             return scan_foreign(root, shards, on_error)

@@ -39,13 +39,17 @@ if TYPE_CHECKING:  # the read path and a followed stream's feed, imported when u
     from shardfeed.loader.feeds.stream_log import RegrowMaker
 
 _BLOCK = 64  # positions per block when a torch DataLoader's workers split a plan
+# a followed dataset read sample by sample (a plain torch DataLoader): samples per rank in one step of its
+# stream; a step forms once world x this many are published (or at the end commit), so it bounds the latency
+_FOLLOW_STEP = 8
 
 
 class ShardDataset(_topology.Placed, torch.utils.data.IterableDataset):
     """Samples ``{"__key__": str, FIELD: value}`` of this rank's share of an epoch.
 
     source: a dataset folder, a ``.tar`` file or a ``file://`` URL. shuffle:
-    ``none``, ``shard``, ``block`` or ``global`` (shardfeed.shuffling.Order).
+    ``none``, ``shard``, ``block`` or ``global`` (shardfeed.shuffling.Order);
+    ``True``/``False``, as in a torch DataLoader, are ``global``/``none``.
     decode: decode fields by extension (cls -> int, txt -> str, json, npy,
     images -> RGB uint8 HWC arrays; other extensions stay bytes); False keeps
     bytes. transform: a function of one sample (``transform(sample)`` or, if
@@ -92,7 +96,9 @@ class ShardDataset(_topology.Placed, torch.utils.data.IterableDataset):
     ``gs://`` and the other fsspec schemes; ``storage_options`` go to its
     fsspec filesystem). Its index is mirrored into the cache folder and its
     shards are read from verified copies there, at most ``cache_limit_bytes``
-    on disk, fetched ahead of use by a Loader in order of next use. Without
+    on disk (an int, a size such as ``"50GB"``, or a float in (0, 1]: that share
+    of the size of the cache folder's disk), fetched ahead of use by a Loader in
+    order of next use. Without
     ``cache_dir`` a URL uses ``$SHARDFEED_CACHE_DIR``, else
     ``<tmp>/shardfeed-cache-<uid>`` (shared by every rank and job of the user
     on the node: entries are keyed by content hash), with a warning naming it.
@@ -144,6 +150,11 @@ class ShardDataset(_topology.Placed, torch.utils.data.IterableDataset):
         if (replay or window is not None) and not self.follow:
             raise ValueError(f"replay={replay!r}/window={window!r} mix older samples into a followed stream; "
                              "pass follow=True or leave them at 0.0/None")
+        if cache_limit_bytes is not None:  # an int, "50GB" or a share of the cache folder's disk
+            from shardfeed.cache.reads import default_cache_dir
+            from shardfeed.formats.byte_sizes import parse_limit
+
+            cache_limit_bytes = parse_limit(cache_limit_bytes, "cache_limit_bytes", lambda: cache_dir or default_cache_dir())
         self.cache = None  # a cache.reads.CacheSpec when shards are read through the node-local cache
         self._mirror = None  # a followed URL's mirror folder in the cache (loader/remote_follow.py)
         if self.follow and locality:
@@ -160,8 +171,12 @@ class ShardDataset(_topology.Placed, torch.utils.data.IterableDataset):
                                  "node-local cache (only a URL is followed through it); drop "
                                  "cache_dir/cache_limit_bytes or follow=True")
             from shardfeed.loader.caching import open_cached
+            from shardfeed.loader.errors import with_credentials_hint
 
-            self.cache, self.index = open_cached(source, cache_dir, cache_limit_bytes, storage_options)
+            try:
+                self.cache, self.index = open_cached(source, cache_dir, cache_limit_bytes, storage_options)
+            except ShardError as e:
+                raise with_credentials_hint(e) from e.__cause__
         elif self.follow:
             self.index = _stream_index(_local_folder(source))  # may be empty: samples come later
         else:
@@ -303,6 +318,9 @@ class ShardDataset(_topology.Placed, torch.utils.data.IterableDataset):
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = torch.utils.data.get_worker_info()
         wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+        if self.follow:
+            yield from self._followed_samples(wid, nw)
+            return
         plan = self.unbatched_plan()
         most = len(self.index) or 1  # shards one read may touch: bounded by a cache's budget
         if self.cache is not None:
@@ -332,6 +350,21 @@ class ShardDataset(_topology.Placed, torch.utils.data.IterableDataset):
                     self.policy.report(info["errors"])
                     yield from samples
                     samples = None  # not held while the next part is read (a block of large samples)
+        finally:
+            maker.close()
+
+    def _followed_samples(self, wid: int, nw: int) -> Iterator[dict[str, Any]]:
+        """A followed stream sample by sample: this rank's steps of the stream (a Loader's rule, steps of
+        ``_FOLLOW_STEP`` samples a rank), step ``s`` read by DataLoader worker ``s % nw``; every worker
+        walks the same steps (waiting for commits alike), so each published sample comes once."""
+        feed = self.feed(BatchSchedule.of(_FOLLOW_STEP))
+        maker = self.maker(_as_samples, readers=nw)
+        try:
+            for item in feed:
+                if item.step % nw == wid:
+                    samples, info = maker.make(item.ids(), self.image_size)
+                    self.policy.report(info["errors"])
+                    yield from samples
         finally:
             maker.close()
 

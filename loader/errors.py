@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from shardfeed.formats.errors import ReadError
+from shardfeed.formats.errors import ReadError, ShardError
 
 log = logging.getLogger("shardfeed.loader")
 
@@ -21,6 +21,30 @@ POLICIES = ("raise", "skip")
 class WorkerError(RuntimeError):
     """A loader worker died or failed with a non-data error; the message names
     the worker, its pid, the batch it was making and its traceback."""
+
+
+SKIP_HINT = ("to read on past damaged data, pass on_error=\"skip\" to ShardDataset: it leaves a damaged sample or "
+             "shard out, counts it in Loader.stats() (errors_skipped) and logs it once per shard; `shardfeed verify "
+             "DATASET` lists every damaged shard")
+
+
+# what an object store's client raises when it found no credentials anywhere (botocore's names)
+_NO_CREDENTIALS = ("NoCredentialsError", "PartialCredentialsError")
+CREDENTIALS_HINT = ("no AWS credentials were found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE "
+                    "for ~/.aws/credentials), and AWS_ENDPOINT_URL for a store other than AWS; or pass "
+                    "storage_options={'key': ..., 'secret': ...} ({'anon': True} for a public bucket)")
+
+
+def with_credentials_hint(e: ShardError) -> ShardError:
+    """``e`` itself, or, when an object store found no credentials, the same error saying where they go."""
+    cause, seen = e.__cause__ or e.__context__, 0
+    while cause is not None and seen < 16:
+        if type(cause).__name__ in _NO_CREDENTIALS:
+            better = ShardError(e.shard, f"{e.reason}; {CREDENTIALS_HINT}")
+            better.__cause__ = e
+            return better
+        cause, seen = cause.__cause__ or cause.__context__, seen + 1
+    return e
 
 
 class ErrorPolicy:
@@ -33,6 +57,11 @@ class ErrorPolicy:
         self._logged: set[str] = set()
         # found when the index was made, before any read: added to errors_skipped at each epoch's start
         self.left_out = 0
+
+    def explain(self, e: BaseException) -> None:
+        """Under ``"raise"``: add to a data error what ``"skip"`` would do (once)."""
+        if not self.skip and isinstance(e, ShardError) and SKIP_HINT not in getattr(e, "__notes__", ()):
+            e.add_note(SKIP_HINT)
 
     def report(self, errors: Iterable[ReadError]) -> int:
         """Log (once per shard) the ReadError records ``errors``; returns the samples they left out."""

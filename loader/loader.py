@@ -203,9 +203,12 @@ class Loader:
                 resumed = time.perf_counter()
                 if gen != self._gen:
                     return
-        except BaseException:
-            if self._pool is not None and not isinstance(_current_exc(), GeneratorExit):
+        except GeneratorExit:
+            raise  # the consumer left the loop (or the interpreter exits): the pool stays for the next one
+        except BaseException as e:
+            if self._pool is not None:
                 self._shutdown_pool()
+            self.policy.explain(e)
             raise
         finally:
             if st.started is not None:
@@ -390,8 +393,3 @@ class MakerFactory:
         if plan.num_samples:
             plan.positions(0, 1)
 
-
-def _current_exc():
-    import sys
-
-    return sys.exc_info()[1]

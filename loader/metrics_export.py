@@ -143,6 +143,14 @@ class TensorBoardExporter(StatsExporter):
             add(f"shardfeed_total/{name}", value, step)
         self._writer.flush()
 
+    def scalars(self, step: int, values: dict) -> None:
+        """The caller's own numbers beside the loader's (a trainer's ``train/loss``, ``eval/accuracy``)."""
+        if self._writer is None:
+            raise RuntimeError(f"TensorBoardExporter({self.log_dir!r}) is closed")
+        for name, value in values.items():
+            self._writer.add_scalar(name, value, step)
+        self._writer.flush()
+
     def close(self) -> None:
         super().close()
         if self._writer is not None:

@@ -89,12 +89,12 @@ class BatchSchedule:
             return cls([batch_size])
         if callable(batch_size):
             return cls(batch_size)
-        return cls([Stage(batch_size)])
+        return cls([Stage(_check_bs(batch_size, f"Loader(batch_size={batch_size!r})"))])
 
     def at(self, epoch: int) -> Stage:
         if self._fn is not None:
             got = self._fn(epoch)
-            return got if isinstance(got, Stage) else Stage(got)
+            return got if isinstance(got, Stage) else Stage(_check_bs(got, f"BatchSchedule's function at epoch {epoch}"))
         total = sum(s.epochs for s in self.stages)
         e = epoch % total if self.cycle else min(epoch, total - 1)
         for s in self.stages:

@@ -37,7 +37,11 @@ worker left behind.
 
 Lifecycle of a segment: worker creates it (O_EXCL) -> main maps it on first
 sight and unlinks the name at once (the mapping stays valid) -> dropped when
-a larger one replaces it or the loader closes.
+a larger one replaces it or the loader closes. A worker unlinks the segment it
+outgrows (a batch larger than the slot can outgrow it before the main process
+ever saw it: the name was otherwise left in /dev/shm by any exit that skipped
+the loader's close), and a new loader removes the segments of loaders whose
+process is gone (``prune_stale``): a SIGKILL leaves them no other way.
 """
 
 from __future__ import annotations
@@ -46,10 +50,13 @@ import glob
 import mmap
 import os
 import pickle
+import re
 import tempfile
+import time
 
 import numpy as np
 
+from shardfeed.formats.staging import pid_alive
 from shardfeed.loader.collate import Blob, Strs
 
 _ALIGN = 64
@@ -72,6 +79,35 @@ def cleanup(prefix: str) -> int:
             os.unlink(path)
             n += 1
         except FileNotFoundError:
+            pass
+    return n
+
+
+_SEGMENT = re.compile(r"^shardfeed-(?P<pid>\d+)-[0-9a-f]{8}-w\d+-s\d+-g\d+$")
+STALE_S = 10.0  # a live loader's main process maps a new segment within a batch: this old and unmapped, it is a leftover
+
+
+def prune_stale(now: float | None = None) -> int:
+    """Unlink the segments of loaders whose main process is gone (named by its pid), ours only,
+    left untouched for ``STALE_S``: what a SIGKILL (or an OOM kill) left behind."""
+    root, uid, now = shm_dir(), os.getuid(), time.time() if now is None else now
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return 0
+    n = 0
+    for name in names:
+        m = _SEGMENT.match(name)
+        if m is None or int(m["pid"]) == os.getpid() or pid_alive(int(m["pid"])):
+            continue
+        path = os.path.join(root, name)
+        try:
+            st = os.lstat(path)
+            if st.st_uid != uid or now - st.st_mtime < STALE_S:
+                continue
+            os.unlink(path)
+            n += 1
+        except OSError:
             pass
     return n
 
@@ -103,8 +139,10 @@ class SlotWriter:
         finally:
             os.close(fd)
         view = np.frombuffer(mm, np.uint8)
-        if seg is not None and keep:
-            view[:keep] = seg[2][:keep]
+        if seg is not None:
+            if keep:
+                view[:keep] = seg[2][:keep]
+            _unlink(seg[0])  # the main process saw it (and unlinked it) or never will
         self.segs[slot] = (name, mm, view)
         return view
 
@@ -173,11 +211,15 @@ class SlotWriter:
     def close(self) -> None:
         for seg in self.segs:
             if seg is not None:
-                try:
-                    os.unlink(os.path.join(shm_dir(), seg[0]))
-                except FileNotFoundError:
-                    pass  # the main process unlinked it after mapping it
+                _unlink(seg[0])
         self.segs = [None] * len(self.segs)
+
+
+def _unlink(name: str) -> None:
+    try:
+        os.unlink(os.path.join(shm_dir(), name))
+    except FileNotFoundError:
+        pass  # the main process unlinked it after mapping it
 
 
 class SlotReader:

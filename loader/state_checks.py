@@ -22,10 +22,21 @@ def check_header(state, kind: str, fix: str) -> dict:
     """A dict of this feed's kind and a state version it reads."""
     if not isinstance(state, dict):
         raise TypeError(f"state must be a dict from get_state()/Loader.state_dict(), got {type(state).__name__}")
-    if state.get("version") not in READS or state.get("kind", "epoch") != kind:
-        raise ValueError(f"feed state version {state.get('version')!r} / kind {state.get('kind')!r} is not "
-                         f"{' or '.join(map(str, READS))} / {kind!r}: it was saved by another feed or release; {fix}")
+    got = state.get("kind", "epoch")
+    if got != kind:
+        saved = _WHAT.get(got, f"a Loader of kind {got!r}") if isinstance(got, str) else "something else"
+        raise ValueError(f"this state was saved by {saved}, and this is {_WHAT.get(kind, kind)}: a state "
+                         f"resumes only the kind of Loader that saved it; {fix}")
+    if state.get("version") not in READS:
+        raise ValueError(f"this state's version {state.get('version')!r} is not one this release reads "
+                         f"({' or '.join(map(str, READS))}): it was saved by another release; {fix}")
     return state
+
+
+# what saved a state of each kind, in the public API's words
+_WHAT = {"epoch": "a Loader over a ShardDataset (epochs of a fixed dataset)",
+         "follow": "a Loader over a ShardDataset(follow=True) (a growing stream)",
+         "mixture": "a Loader over a Mixture", "mixture-stream": "a Loader over a Mixture of followed streams"}
 
 
 def check_ints(state: dict, minimums: dict[str, int]) -> None:

@@ -18,6 +18,12 @@ thread pools, and set torch to one thread, so a fork after torch started its
 threads is safe. ``spawn`` and ``forkserver`` work too: the maker factory
 (loader.MakerFactory) and the pipe ends are pickled to the child. Each worker also watches its parent: if the main process is killed, the
 workers exit instead of lingering as orphans.
+
+Signals: a worker ignores SIGINT (a Ctrl-C reaches the whole process group;
+the main process decides, as torch's DataLoader workers stay quiet), and
+SIGTERM ends it through its ``finally``, which unlinks its shared-memory
+segments: multiprocessing sends daemon workers SIGTERM when the main process
+exits without closing the loader (an exception, a rank's error).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import multiprocessing as mp
 import os
 import pickle
 import select
+import signal
 import sys
 import traceback
 from multiprocessing.connection import wait
@@ -46,8 +53,25 @@ def _portable(exc: BaseException):
         return RuntimeError(f"{type(exc).__name__}: {exc}")
 
 
+class _Terminated(BaseException):
+    """SIGTERM in a worker: unwinds to the ``finally`` that unlinks its segments."""
+
+
+def _on_sigterm(_signum, _frame) -> None:
+    raise _Terminated
+
+
 def _worker_main(wid: int, make_maker, tasks, results, prefix: str, slots: int, parent: int,
                  close_fds) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        _serve(wid, make_maker, tasks, results, prefix, slots, parent, close_fds)
+    except (_Terminated, KeyboardInterrupt):
+        pass  # the main process stops us (or a Ctrl-C came before SIGINT was ignored): nothing to report
+
+
+def _serve(wid: int, make_maker, tasks, results, prefix: str, slots: int, parent: int, close_fds) -> None:
     for c in close_fds:
         c.close()
     try:
@@ -92,6 +116,8 @@ def _worker_main(wid: int, make_maker, tasks, results, prefix: str, slots: int, 
                 columns, info = maker.make(ids, image_size, alloc=writer.alloc(slot))
                 header = writer.pack(slot, columns)
                 out = ("ok", b, header, info)
+            except _Terminated:
+                raise
             except BaseException as e:  # noqa: BLE001 - every failure travels to the consumer
                 out = ("err", b, _portable(e), traceback.format_exc())
             try:
@@ -115,6 +141,7 @@ class WorkerPool:
         # a forkserver child's parent is the server, not us: it notices our
         # death by EOF on its task pipe instead
         parent = None if ctx.get_start_method() == "forkserver" else os.getpid()
+        shm.prune_stale()  # segments of loaders that were killed
         self.prefix = shm.new_prefix()
         self.slots = slots
         self.reader = shm.SlotReader()

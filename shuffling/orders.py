@@ -15,6 +15,9 @@ class Order(str, Enum):
     shuffled inside a window; each rank reads its own run of windows, so at
     most one window of shards is resident per rank.
     GLOBAL: one permutation of all samples, dealt round-robin to ranks.
+
+    ``Order(True)`` is GLOBAL and ``Order(False)`` NONE: ``shuffle=True`` is what
+    a torch DataLoader user types.
     """
 
     NONE = "none"
@@ -24,6 +27,8 @@ class Order(str, Enum):
 
     @classmethod
     def _missing_(cls, value):
+        if isinstance(value, bool):  # what a torch DataLoader user types: shuffle=True / False
+            return cls.GLOBAL if value else cls.NONE
         if isinstance(value, str):
             for member in cls:
                 if member.value == value.strip().lower():

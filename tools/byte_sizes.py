@@ -1,37 +1,37 @@
-"""Byte counts for humans: parse ``256MB`` / ``1GiB`` on the command line and print them back."""
+"""Sizes on the command line: the argparse type of every size option (``--cache-limit``,
+``--max-shard-bytes``), so a bad size reads the same in every command; the parser is
+formats/byte_sizes.py, which the API uses too."""
 
 from __future__ import annotations
 
+import argparse
 import re
 
-# Decimal units are powers of 1000 and binary ones (``KiB`` or a bare ``K``)
-# powers of 1024, as in `ls -h`, `du` and most shard tools.
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+from shardfeed.formats.byte_sizes import human_bytes, parse_size
+
+__all__ = ["human_bytes", "join_negative_values", "parse_size", "size_option"]
 
 
-def parse_size(text: str) -> int:
-    """``"256MB"`` -> 256_000_000, ``"1GiB"`` -> 2**30, ``"4096"`` -> 4096."""
-    m = _SIZE_RE.match(str(text))
-    unit = m.group(2).lower() if m else None
-    if m is None or unit not in _UNITS:
-        raise ValueError(f"size {text!r} is not a number with an optional unit "
-                         "(B, KB, MB, GB, TB = powers of 1000; KiB, MiB, GiB, TiB or K, M, G, T = powers of 1024)")
-    value = float(m.group(1)) * _UNITS[unit]
-    if not value < 2**62:  # inf, nan and sizes no disk holds (an int64 of bytes must still add up)
-        raise ValueError(f"size {text!r} is larger than {2**62} bytes")
-    value = int(value)
-    if value <= 0:
-        raise ValueError(f"size {text!r} must be positive")
-    return value
+def size_option(text: str) -> int:
+    """``type=`` of a size option: argparse prints ``argument --cache-limit: size '-5MB' must be positive``."""
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def human_bytes(n: float) -> str:
-    """``1536`` -> ``"1.5 KiB"``."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
+_NEGATIVE = re.compile(r"^-\d")
+
+
+def join_negative_values(argv: list[str]) -> list[str]:
+    """``--cache-limit -5MB`` -> ``--cache-limit=-5MB``: argparse takes a value that starts with
+    ``-`` and is not a plain number for an option and reports a missing argument; joined, it
+    reaches the option's own check, which says what is wrong with it."""
+    out: list[str] = []
+    for tok in argv:
+        prev = out[-1] if out else ""
+        if _NEGATIVE.match(tok) and prev.startswith("--") and "=" not in prev and prev != "--":
+            out[-1] = f"{prev}={tok}"
+        else:
+            out.append(tok)
+    return out

@@ -30,20 +30,19 @@ COMMANDS = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser, with the arguments of the one command ``argv`` names (every command's one-line
+    help is listed; only that command's module is imported, so `shardfeed --help` and argument
+    errors come before any heavy import: torch is imported only by the commands that run it)."""
     parser = argparse.ArgumentParser(prog="shardfeed", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
+    named = next((a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")), None)
     for name, (module, help_text) in COMMANDS.items():
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name != module:
-                raise
-            continue  # subcommand not built yet in this checkout
         # the one-line help doubles as the description; a module may set a longer one
         p = sub.add_parser(name, help=help_text, description=help_text, formatter_class=HelpFormatter)
         p.set_defaults(_module=module)
-        mod.add_arguments(p)
+        if name == named:
+            importlib.import_module(module).add_arguments(p)
     return parser
 
 
@@ -57,9 +56,11 @@ def bad_number(args: argparse.Namespace) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from shardfeed.tools.byte_sizes import join_negative_values
     from shardfeed.tools.extras import MissingExtra
 
-    args = build_parser().parse_args(argv)
+    argv = join_negative_values(sys.argv[1:] if argv is None else list(argv))
+    args = build_parser(argv).parse_args(argv)
     err = bad_number(args)
     if err:
         print(f"shardfeed {args.command}: error: {err}", file=sys.stderr)

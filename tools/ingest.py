@@ -6,7 +6,10 @@ it is full, so a `Loader(ShardDataset(DST, follow=True))` sees it while the
 ingest still runs; the last, partly filled shard is published at the end.
 Several ingests (on several hosts) may append to one DST at once: each shard
 is one create-if-absent commit, none is lost. ``--end`` publishes the commit
-that ends the stream (followers stop there, all at the same step).
+that ends the stream (followers stop there, all at the same step);
+``shardfeed ingest --end DATASET``, with no SRC, ends the stream of a dataset
+whose writer is gone (it crashed, or never passed --end) and writes nothing
+else.
 DST may be an ``s3://`` prefix (tools/ingest_remote.py): shards are staged
 locally and uploaded, each committed with a conditional put; a store that
 does not honour conditional puts, or a URL of another scheme, is refused.
@@ -41,7 +44,7 @@ BATCH = 256  # samples read from a source at a time
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = __doc__.strip()
     p.add_argument("src", metavar="SRC", help="input: file, folder or glob pattern (quote it), as for convert")
-    p.add_argument("dst", metavar="DST", help="the live dataset folder (created if absent; may already be growing), "
+    p.add_argument("dst", metavar="DST", nargs="?", help="the live dataset folder (created if absent; may already be growing), "
                                               "or an s3:// prefix (credentials and endpoint from the environment)")
     p.add_argument("--source-type", choices=("images", "jsonl", "csv", "parquet", "tar", "dataset"),
                    help="override the detected input kind")
@@ -61,7 +64,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--poll-s", type=float, default=1.0, help="--follow-src: seconds between looks at SRC")
     p.add_argument("--idle-exit-s", type=float, default=60.0,
                    help="--follow-src: stop after this many seconds without a new file")
-    p.add_argument("--end", action="store_true", help="publish the end-of-stream commit when done")
+    p.add_argument("--end", action="store_true",
+                   help="publish the end-of-stream commit when done; `ingest --end DATASET` alone ends the stream "
+                        "of a dataset whose writer is gone")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
 
@@ -75,7 +80,7 @@ def _check(args) -> dict:
     try:
         max_bytes = parse_size(args.max_shard_bytes)
     except ValueError as e:
-        raise ValueError(f"--max-shard-bytes: {e}") from None
+        raise ValueError(f"argument --max-shard-bytes: {e}") from None  # argparse's wording, as --cache-limit
     if args.max_shard_samples is not None and args.max_shard_samples <= 0:
         raise ValueError(f"--max-shard-samples {args.max_shard_samples} must be a positive number of samples")
     if args.follow_src and not os.path.isdir(args.src):
@@ -219,6 +224,8 @@ def main(args) -> int:
     from shardfeed.formats import ShardError, ShardWriter
     from shardfeed.tools.ingest_remote import RemoteIngestWriter, is_remote
 
+    if args.dst is None:
+        return end_only(args)
     try:
         opts = _check(args)
         if is_remote(args.dst):
@@ -268,6 +275,32 @@ def main(args) -> int:
         warning = f"class order not checked: {e}"
     if warning:
         print(f"shardfeed ingest: warning: {warning}", file=sys.stderr)
+    return 0
+
+
+def end_only(args) -> int:
+    """`ingest --end DATASET`: publish the end of the stream and nothing else."""
+    from shardfeed.formats import ShardError, ShardWriter
+    from shardfeed.tools.ingest_remote import RemoteIngestWriter, is_remote
+
+    dataset = args.src
+    if not args.end:
+        print("shardfeed ingest: error: ingest needs SRC and DST (`shardfeed ingest SRC DST`); to end the stream of "
+              f"a dataset whose writer is gone, run `shardfeed ingest --end {dataset}`", file=sys.stderr)
+        return 2
+    try:
+        if is_remote(dataset):
+            seq = RemoteIngestWriter(dataset, args.prefix).end_stream()
+        else:
+            if not os.path.isdir(os.path.join(dataset, "_log")):
+                raise ValueError(f"{dataset} is not a growing dataset (no _log/ commit log there): there is no "
+                                 "stream to end")
+            seq = ShardWriter(dataset, append=True, prefix=args.prefix).end_stream()
+    except (ValueError, ShardError) as e:
+        print(f"shardfeed ingest: error: {e}", file=sys.stderr)
+        return 2
+    print(f"ended the stream of {dataset} by commit {seq}: its followers end their iteration there, all at the "
+          "same step")
     return 0
 
 

@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from shardfeed.tools.byte_sizes import human_bytes, parse_size
+from shardfeed.tools.byte_sizes import human_bytes, size_option
 from shardfeed.tools.text import plural, show_progress
 
 
@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("dataset", metavar="DATASET", help="dataset folder or URL (or anything open_index takes)")
     p.add_argument("--cache-dir", default=None, metavar="DIR",
                    help="for a URL: where its index is mirrored (default: a temporary folder)")
-    p.add_argument("--cache-limit", required=True, type=parse_size, metavar="BYTES",
+    p.add_argument("--cache-limit", required=True, type=size_option, metavar="BYTES",
                    help="each node's cache budget, e.g. 200GB or 64GiB")
     p.add_argument("--world-size", type=int, default=1, metavar="N", help="ranks in the job")
     p.add_argument("--ranks-per-node", type=int, default=None, metavar="K",

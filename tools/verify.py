@@ -43,11 +43,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_cache_arguments(p: argparse.ArgumentParser) -> None:
-    from shardfeed.tools.byte_sizes import parse_size
+    from shardfeed.tools.byte_sizes import size_option
 
     p.add_argument("--cache-dir", default=None, metavar="DIR",
                    help="node-local cache for a URL DST ($SHARDFEED_CACHE_DIR, else <tmp>/shardfeed-cache-<uid>)")
-    p.add_argument("--cache-limit", type=parse_size, default=None, metavar="BYTES",
+    p.add_argument("--cache-limit", type=size_option, default=None, metavar="BYTES",
                    help="bytes of shards the cache may hold, e.g. 2GB (80%% of its disk)")
 
 

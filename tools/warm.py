@@ -15,6 +15,12 @@ never gets otherwise: every fresh process would compile all ~75 modules its
 first batch imports from source again (about twice the import's time). Last,
 it removes the kernel folders of other sources (older versions, other
 checkouts) that no process has used for ``--keep-days`` days.
+
+Progress: the reads advance a bar step by step; the build is one long call
+(a minute or more on a loaded machine), so its bar advances with the clock
+against an estimate: the last build's seconds per signature on this machine
+(``last-build.json`` beside the kernel folders), else a minute. On a terminal
+only; elsewhere each phase prints its line.
 """
 
 from __future__ import annotations
@@ -26,7 +32,9 @@ import shutil
 import sys
 import tarfile
 import tempfile
+import threading
 import time
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -42,8 +50,12 @@ def _foreign_tar(path: str) -> None:
             tf.addfile(info, io.BytesIO(data))
 
 
-def warm(folder: str) -> int:
-    """Read through every kernel once; returns the samples read."""
+WARM_STEPS = 19  # the reads warm() makes: 16 loader passes (orders x formats x read modes), large values, foreign tar,
+# the kernels off the read path
+
+
+def warm(folder: str, step=lambda: None) -> int:
+    """Read through every kernel once (``step()`` after each of the WARM_STEPS reads); returns the samples read."""
     from shardfeed.formats import ShardWriter, open_index
     from shardfeed.loader import Loader, ShardDataset
 
@@ -59,6 +71,7 @@ def warm(folder: str) -> int:
             for order in ("none", "shard", "block", "global"):
                 with Loader(ShardDataset(root, shuffle=order, seed=0, read_mode=mode), 8) as loader:
                     n += sum(len(b["__key__"]) for b in loader)
+                step()
     # values large enough to be gathered straight into bytes objects (formats/engine/into_bytes.py)
     root = os.path.join(folder, "large")
     with ShardWriter(root, format="tar", max_shard_samples=4) as w:
@@ -66,11 +79,70 @@ def warm(folder: str) -> int:
             w.write({"__key__": f"{i:04d}", "cls": i % 4, "bin": bytes([i]) * (20 << 10)})
     with Loader(ShardDataset(root, shuffle="none"), 4) as loader:  # two epochs: shards to open, then open
         n += sum(len(b["__key__"]) for _ in range(2) for b in loader)
+    step()
     tar = os.path.join(folder, "foreign.tar")
     _foreign_tar(tar)
     n += open_index(tar).num_samples
+    step()
     _kernels_off_the_read_path()
+    step()
     return n
+
+
+DEFAULT_BUILD_S = 60.0  # the first build's estimate, before this machine measured one
+
+
+def _record_path() -> str:
+    from shardfeed.formats.compiler import jit
+
+    return os.path.join(os.path.dirname(jit.cache_dir()), "last-build.json")
+
+
+def build_estimate(signatures: int, record: str | None = None) -> float:
+    """Seconds the build of ``signatures`` should take here: the last build's rate, else DEFAULT_BUILD_S."""
+    import json
+
+    try:
+        with open(record or _record_path()) as f:
+            last = json.load(f)
+        return max(1.0, signatures * float(last["seconds"]) / max(1, int(last["signatures"])))
+    except (OSError, ValueError, KeyError, TypeError):
+        return DEFAULT_BUILD_S
+
+
+def save_build(signatures: int, seconds: float, record: str | None = None) -> None:
+    import json
+
+    try:
+        with open(record or _record_path(), "w") as f:
+            json.dump({"signatures": signatures, "seconds": round(seconds, 2)}, f)
+    except OSError:
+        pass  # a read-only cache: the next estimate is the default
+
+
+@contextmanager
+def ticking(desc: str, estimate_s: float, show: bool, stream=None):
+    """A bar that advances with the clock against ``estimate_s`` while the block runs (one long call)."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=round(estimate_s), desc=desc, unit="s", disable=not show, file=stream or sys.stderr,
+               bar_format="{desc}: {bar} {n_fmt}/{total_fmt} s (estimate)")
+    done = threading.Event()
+
+    def tick():
+        while not done.wait(1.0):
+            if bar.n < bar.total - 1:  # never claims to be done before it is
+                bar.update(1)
+
+    t = threading.Thread(target=tick, name="shardfeed-warm-progress", daemon=True)
+    t.start()
+    try:
+        yield bar
+    finally:
+        done.set()
+        t.join()
+        bar.n = bar.total
+        bar.close()
 
 
 def compile_bytecode() -> int:
@@ -178,10 +250,17 @@ def main(args: argparse.Namespace | None = None) -> int:
         print(f"shardfeed: the compiled kernels for these sources are ready in {jit.aot_dir()} "
               "(--force builds them again)", flush=True)
         return 0
+    from tqdm import tqdm
+
+    from shardfeed.tools.text import show_progress
+
+    show = show_progress()
     jit.use_jit()  # the build reads the signatures numba's dispatchers compile during the reads below
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="shardfeed-warm-") as folder:
-        n = warm(folder)
+    print("shardfeed: reading through every kernel under numba's JIT (fills its cache)", flush=True)
+    with tempfile.TemporaryDirectory(prefix="shardfeed-warm-") as folder, \
+            tqdm(total=WARM_STEPS, desc="kernels", unit="read", disable=not show, file=sys.stderr) as bar:
+        n = warm(folder, step=lambda: bar.update(1))
     import numba
 
     print(f"shardfeed: jitted kernels ready in {time.perf_counter() - t0:.1f} s "
@@ -190,8 +269,14 @@ def main(args: argparse.Namespace | None = None) -> int:
         return 0
     from shardfeed.formats.compiler import aot_build
 
+    signatures = sum(len(s) for s in aot_build.exports().values())
+    estimate = build_estimate(signatures)
+    print(f"shardfeed: compiling {signatures} kernel signatures into one module (about {estimate:.0f} s here)",
+          flush=True)
     try:
-        path, count, secs = aot_build.build()
+        with ticking("compile", estimate, show):
+            path, count, secs = aot_build.build()
+        save_build(count, secs)
     except Exception as e:  # noqa: BLE001 - e.g. no C compiler: the JIT still serves, so say so and go on
         print(f"shardfeed: could not build the compiled kernels ({type(e).__name__}: {str(e)[:300]}); "
               "reads use numba's JIT instead (about 0.5 s more per fresh process). Install a C compiler "

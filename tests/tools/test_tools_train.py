@@ -62,8 +62,8 @@ def test_train_logs_every_n_steps_loss_falls_summary_and_plot(dual):
     losses = [float(m[2]) for m in logs]
     assert sum(losses[-3:]) < 0.8 * sum(losses[:3]), losses
     assert re.search(rf"epoch {EPOCHS - 1}: held-out accuracy [\d.]+% on 200 samples \(chance 25.0%\)", stdout), stdout
-    assert re.search(rf"summary: {EPOCHS * STEPS} steps, {EPOCHS * 640:,} samples in .* data stall [\d.]+%, no cache",
-                     stdout)
+    assert re.search(rf"summary: {EPOCHS * STEPS} steps, {EPOCHS * 640:,} samples in .* data stall [\d.]+% "
+                     r"\(start-up, the first \d+ steps: [\d.]+% of [\d.]+s; after it: [\d.]+%\), no cache", stdout)
     assert (tmp / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -127,7 +127,7 @@ def _options(args):
     try:
         max_bytes = parse_size(args.max_shard_bytes)
     except ValueError as e:
-        raise ValueError(f"--max-shard-bytes: {e}") from None
+        raise ValueError(f"argument --max-shard-bytes: {e}") from None  # argparse's wording, as --cache-limit
     if args.max_shard_samples is not None and args.max_shard_samples <= 0:
         raise ValueError(f"--max-shard-samples {args.max_shard_samples} must be a positive number of samples")
     if args.processes < 1:

@@ -30,7 +30,7 @@ class ReferenceHooks(Hooks):
 
     def on_start(self, step, resumed):
         if resumed is not None:
-            self.log.records = list(resumed["history"])
+            self.log.resumed(resumed["history"])
             if self.rank == 0:
                 print(f"resumed from {self.args.checkpoint} at step {step} (epoch {self.loader.epoch}, step "
                       f"{self.loader.state_dict()['step']} of it; saved by {resumed['meta'].get('world_size')} "
@@ -48,18 +48,20 @@ class ReferenceHooks(Hooks):
     def on_step(self, step, epoch, batch, loss):
         self.trace.add(step, epoch, batch["__key__"])
         self.log.step(step, epoch, loss, self.loader, self.device)
-        self.metrics.step(step, self.loader)
+        self.metrics.step(step, self.loader, log=self.log)
 
     def on_epoch_end(self, epoch, step, stopped):
         self.log.step(step, epoch, None, self.loader, self.device, force=True)  # the epoch's last window
         if stopped:
             return
         correct, total = self.evaluate(self.stage)
+        held_out = bool(self.args.eval_data)
+        self.log.accuracy(correct / max(1, total), held_out)
         self.report = {"epoch": epoch, "accuracy": correct / max(1, total), "eval_samples": total,
-                       "classes": self.classes, "steps": step}
+                       "held_out": held_out, "classes": self.classes, "steps": step}
         if self.rank == 0:
-            print(f"epoch {epoch}: held-out accuracy {100 * self.report['accuracy']:.1f}% on "
-                  f"{plural(total, 'sample')} (chance {100 / self.classes:.1f}%), {step} steps so far", flush=True)
+            print(accuracy_line(epoch, correct, total, self.classes, step, held_out), flush=True)
+        self.metrics.write(step, {("eval/accuracy" if held_out else "train/accuracy"): self.report["accuracy"]})
 
     def before_checkpoint(self, step):
         if self.records is not None:  # before the checkpoint: see audit_records.py
@@ -72,6 +74,14 @@ class ReferenceHooks(Hooks):
 
     def history(self):
         return self.log.records
+
+
+def accuracy_line(epoch: int, correct: int, total: int, classes: int, step: int, held_out: bool) -> str:
+    """The evaluation's line: "held-out" only for data the model never trained on (--eval-data)."""
+    what = "held-out accuracy" if held_out else "training accuracy"
+    note = "" if held_out else " (the training data itself: pass --eval-data for a held-out figure)"
+    return (f"epoch {epoch}: {what} {100 * correct / max(1, total):.1f}% on {plural(total, 'sample')} "
+            f"(chance {100 / classes:.1f}%), {step} steps so far{note}")
 
 
 def _barrier() -> None:

@@ -29,7 +29,6 @@ import time
 from tqdm import tqdm
 
 from shardfeed.formats import ShardWriter
-from shardfeed.loader import Loader, ShardDataset
 from shardfeed.tools.text import plural, show_progress
 from shardfeed.tools.train.synth import image_samples
 
@@ -94,6 +93,8 @@ def build_dataset(args, name: str = "train", samples: int | None = None, seed: i
 
 def read_back(root: str, labels: dict, args) -> None:
     """Two epochs through the Loader, every label checked against what was written."""
+    from shardfeed.loader import Loader, ShardDataset  # torch: not for `shardfeed demo --help`
+
     ds = ShardDataset(root, shuffle="global", seed=0)
     rates = []
     with Loader(ds, batch_size=args.batch_size, num_workers=args.workers) as loader:
@@ -174,6 +175,21 @@ def _audit(ck: str) -> str:
     return out.splitlines()[-1] if out else f"shardfeed audit exited with {rc}"
 
 
+def _compare(ck: str, base_ck: str, path: str) -> str | None:
+    """The comparison plot of the two runs' histories (from their checkpoints); None without matplotlib."""
+    from shardfeed.tools.extras import MissingExtra
+    from shardfeed.tools.train import checkpoint
+    from shardfeed.tools.train.steplog import compare_plot
+
+    runs = {"global shuffle (killed, resumed)": checkpoint.load(ck)["history"],
+            "--shuffle none": checkpoint.load(base_ck)["history"]}
+    try:
+        return compare_plot(path, runs, "shardfeed demo: what the shuffle is worth on class-ordered data")
+    except MissingExtra as e:
+        print(f"comparison plot: skipped ({e})", flush=True)
+        return None
+
+
 def main(args) -> int:
     t_start = time.perf_counter()
     clear_out(args.out)
@@ -232,17 +248,22 @@ def main(args) -> int:
         return 1
     follow_acc = _accuracy(out)
 
-    base_acc = None
+    base_acc = compared = None
     if not args.no_baseline:
         print("\n== the same training with --shuffle none on the class-ordered data (the baseline)", flush=True)
+        base_ck = os.path.join(args.out, "run", "baseline.pt")
         rc, out = _run(_train_cmd(args, root, "--eval-data", eval_root, "--epochs", str(args.epochs),
-                                  "--shuffle", "none", "--plot", "none"), "no-shuffle")
+                                  "--shuffle", "none", "--plot", "none", "--checkpoint", base_ck), "no-shuffle")
         base_acc = _accuracy(out) if rc == 0 else None
+        if rc == 0:
+            compared = _compare(ck, base_ck, os.path.join(args.out, "run", "shuffle-compared.png"))
     chance = 100 / args.classes
     print(f"\nheld-out accuracy: {acc:.1f}% with global shuffle (chance {chance:.1f}%)"
           + (f", {follow_acc:.1f}% after following the stream" if follow_acc is not None else "")
           + (f"; {base_acc:.1f}% with --shuffle none on the class-ordered data" if base_acc is not None else ""))
     print(f"coverage audit of the killed and resumed run (shardfeed audit, every rank's record): {verdict}")
-    print(f"plot of loss, samples/s and data stall over steps: {plot}")
+    print(f"plot of loss, samples/s, data stall and accuracy over steps, the resume marked: {plot}")
+    if compared:
+        print(f"plot of global shuffle against --shuffle none (loss, accuracy): {compared}")
     print(f"demo finished in {time.perf_counter() - t_start:.0f}s")
     return 0

@@ -19,8 +19,8 @@ import torch.distributed as dist
 from shardfeed.tools.train import checkpoint
 from shardfeed.tools.train.addons import ReferenceHooks
 from shardfeed.tools.train.core import train
-from shardfeed.tools.train.model import SmallCNN, image_field, to_inputs
-from shardfeed.tools.train.options import is_url, schedule_of
+from shardfeed.tools.train.model import SmallCNN, to_inputs
+from shardfeed.tools.train.options import image_field, is_url, schedule_of
 
 
 def pick_device(args) -> torch.device:

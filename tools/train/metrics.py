@@ -12,7 +12,7 @@ import importlib
 import os
 from typing import TYPE_CHECKING
 
-from shardfeed.loader.metrics_export import INSTALL
+from shardfeed.loader.metrics_export import INSTALL, TensorBoardExporter
 
 if TYPE_CHECKING:
     from shardfeed.loader.metrics_export import StatsExporter
@@ -49,7 +49,6 @@ class RankMetrics:
         self.exporters: list[StatsExporter] = []
         self.last = None
         if args.tensorboard:
-            from shardfeed.loader.metrics_export import TensorBoardExporter
 
             self.exporters.append(TensorBoardExporter(os.path.join(args.tensorboard, f"rank{rank}")))
         if args.prometheus_port is not None:
@@ -61,11 +60,23 @@ class RankMetrics:
             except OSError as e:
                 raise ValueError(f"--prometheus-port: rank {rank}: {e}") from None
 
-    def step(self, step: int, loader, force: bool = False) -> None:
+    def step(self, step: int, loader, force: bool = False, log=None) -> None:
+        """At a log step, the loader's stats to every exporter and the step log's last window (loss,
+        samples/s, stall) to TensorBoard as ``train/...``."""
         if self.exporters and (force or step % self.every == 0) and step != self.last:
             for e in self.exporters:
                 e.log(loader, step)
+            if log is not None and log.records and log.records[-1]["step"] == step:
+                rec = log.records[-1]
+                self.write(step, {"train/loss": rec["loss"], "train/samples_per_s": rec["samples_per_s"],
+                                  "train/data_stall": rec["stall"]})
             self.last = step
+
+    def write(self, step: int, values: dict) -> None:
+        """The trainer's own scalars (loss, accuracy) to the TensorBoard exporter, if there is one."""
+        for e in self.exporters:
+            if isinstance(e, TensorBoardExporter):
+                e.scalars(step, {k: v for k, v in values.items() if v is not None})
 
     def close(self, step: int, loader) -> None:
         """Write the last step (when it was no log step) and release files and ports."""

@@ -6,8 +6,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
-
 
 class SmallCNN(nn.Module):
     """Three conv blocks and a linear head over global average pooling, so any
@@ -28,13 +26,6 @@ class SmallCNN(nn.Module):
         x = F.max_pool2d(F.relu(self.n2(self.c2(x))), 2)
         x = F.relu(self.n3(self.c3(x)))
         return self.head(x.mean(dim=(2, 3)))
-
-
-def image_field(index) -> str | None:
-    for f in index.fields:
-        if f.rsplit(".", 1)[-1] in IMAGE_EXTS:
-            return f
-    return None
 
 
 def to_inputs(batch, field: str, device: torch.device, image_size: int | None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,4 +1,7 @@
-"""`shardfeed train`'s options, and the checks that run before any rank starts."""
+"""`shardfeed train`'s options, and the checks that run before any rank starts.
+
+Nothing here imports torch: `shardfeed train --help` and the option errors come at once.
+"""
 
 from __future__ import annotations
 
@@ -7,18 +10,27 @@ import os
 import re
 
 from shardfeed.loader import BatchSchedule, Stage
-from shardfeed.tools.byte_sizes import parse_size
+from shardfeed.tools.byte_sizes import size_option
 from shardfeed.tools.train import metrics
-from shardfeed.tools.train.model import IMAGE_EXTS, image_field
 
 ORDERS = ("none", "shard", "block", "global")
+IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
+
+
+def image_field(index) -> str | None:
+    """The first image field of ``index`` (by its extension), or None."""
+    for f in index.fields:
+        if f.rsplit(".", 1)[-1] in IMAGE_EXTS:
+            return f
+    return None
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     a = p.add_argument
     a("data", help="training data: a dataset folder (shards + index.arrow) or URL prefix, with jpg/png + cls fields")
     a("--eval-data", default=None,
-      help="held-out dataset with the same fields (default: DATA itself, i.e. train accuracy)")
+      help="held-out dataset with the same fields (default: none, and the accuracy printed each epoch is "
+           "the training accuracy, on DATA itself, and says so)")
     a("--ranks", type=int, default=2, help="local CPU ranks to spawn when not under torchrun")
     a("--epochs", type=int, default=3, help="passes over DATA (ignored with --follow: the stream is one pass)")
     a("--batch-size", default="64",
@@ -41,7 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--device", choices=("auto", "cpu", "cuda"), default="auto",
       help="cuda (NCCL, bf16 autocast, pinned memory) where available, else cpu (gloo)")
     a("--cache-dir", default=None, help="node-local shard cache for a URL source")
-    a("--cache-limit", default=None, help="bytes the cache may hold, e.g. 64MB (needs --cache-dir)")
+    a("--cache-limit", default=None, type=size_option, help="bytes the cache may hold, e.g. 64MB (needs --cache-dir)")
     a("--follow", action="store_true", help="train on a growing dataset as shards are published, until its end commit")
     a("--replay", type=float, default=0.0, help="with --follow: share of each global batch drawn from older samples")
     a("--window", type=int, default=None, help="with --follow: replay from the last N commits only (default: all)")
@@ -60,7 +72,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
       help="record every sample each rank delivers (Loader(audit=True)), also of a --follow stream (not with "
            "--replay); the records go beside --checkpoint (CHECKPOINT.audit/), for "
            "`shardfeed audit CHECKPOINT.audit/*.json`")
-    metrics.add_arguments(p)  # --tensorboard, --prometheus-port
+from shardfeed.tools.byte_sizes import size_option
+from shardfeed.tools.train import metrics
     a("--trace", default=None, help="folder: each rank appends the keys of every batch it trains on (audits)")
 
 
@@ -124,7 +137,6 @@ def check_options(args) -> None:
             raise ValueError(f"batch sizes {','.join(map(str, stage.batch_size))} name {len(stage.batch_size)} ranks "
                              f"but the job has {world}; give one batch size per rank (or one for all)")
     if args.cache_limit is not None:
-        parse_size(args.cache_limit)
         if args.cache_dir is None:
             raise ValueError(f"--cache-limit {args.cache_limit} needs --cache-dir (where the cache lives)")
     if (args.replay or args.window is not None) and not args.follow:
