@@ -391,7 +391,7 @@ def open_cached(source, cache_dir, limit_bytes, storage_options):
     else:
         index = open_index(source)
     if len(index):
-        fixed = cache.budget.fixed_bytes(plans=False)
-        if fixed + max_entry_bytes(index) > spec.limit_bytes:
+        if max_entry_bytes(index) > spec.limit_bytes:  # (the start check counts the metadata beside it)
+            fixed = cache.budget.fixed_bytes(plans=False)
             raise below_one_shard(spec, str(source), None, fixed, max_entry_bytes(index), len(index))
     return spec, index

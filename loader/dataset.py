@@ -164,7 +164,7 @@ class ShardDataset(_topology.Placed, torch.utils.data.IterableDataset):
             from shardfeed.loader.remote_follow import open_followed
 
             self.cache, self.index, self._mirror = open_followed(source, cache_dir, cache_limit_bytes,
-                                                                 storage_options)
+                                                                 storage_options, idle_timeout_s)
         elif remote or cache_dir is not None or cache_limit_bytes is not None:
             if self.follow:
                 raise ValueError(f"{source}: follow=True on a local folder reads it in place, without the "

@@ -201,8 +201,8 @@ class Loader:
                 resumed = time.perf_counter()
                 if gen != self._gen:
                     return
-        except BaseException:
-            if self._pool is not None and not isinstance(_current_exc(), GeneratorExit):
+        except BaseException as e:  # bound here: at interpreter exit a closing generator can import nothing
+            if self._pool is not None and not isinstance(e, GeneratorExit):
                 self._shutdown_pool()
             raise
         finally:
@@ -388,8 +388,3 @@ class MakerFactory:
         if plan.num_samples:
             plan.positions(0, 1)
 
-
-def _current_exc():
-    import sys
-
-    return sys.exc_info()[1]
