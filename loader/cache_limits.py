@@ -126,16 +126,48 @@ def passing(lc, limit: int, fixed: int, whole: int, per_rank: list[int]) -> list
     and node at ``limit``, each tried through the check itself: a smaller block window, a smaller
     shuffle buffer, fewer workers, the global order read as sample ranges. ``lc``: the
     LoaderCache whose check refused (its ``node_per_step_of`` and ``ranged_need``)."""
-    ds, epoch = lc.ds, lc.feed.epoch
+    out = orders_passing(lc, limit, fixed, whole)
+    r = largest(lambda r: fits(lc.max_shard, per_rank, r, limit, fixed, whole), lc.readers)
+    if r is not None:
+        out.append(f"num_workers={0 if r == 1 else r}")  # one reader: the main process's, or one worker's
+    if ranges_possible(lc.ds, lc.feed) and lc.ranged_need(_policy(lc)) <= limit:
+        unset = " (unset SHARDFEED_CACHE_RANGES)" if ranged_reads.ENABLED is False else ""
+        out.append(f"shuffle='global' read as sample ranges{unset}")
+    return out
+
+
+def ranged_passing(lc, limit: int) -> list[str]:
+    """Settings that pass for a Loader whose sample-range check refused at ``limit``: fewer
+    workers or a smaller batch (through the same check), or an order read as whole shards
+    (through the whole-shard check)."""
     out = []
+    r = largest(lambda r: lc.ranged_need(_policy(lc), readers=r) <= limit, lc.readers)
+    if r is not None:
+        out.append(f"num_workers={0 if r == 1 else r}")  # one reader: the main process's, or one worker's
+    batch = lc.feed.batch_size(lc.feed.epoch)
+    b = largest(lambda b: lc.ranged_need(_policy(lc), batch=b) <= limit, batch)
+    if b is not None:
+        out.append(f"batch_size={b}")
+    return out + orders_passing(lc, limit, *lc.whole_terms())
 
-    def passes(readers: int = lc.readers, **options) -> bool:
-        per = per_rank
-        if options:
-            spec = PlanSpec(ds.index.counts, options.pop("order"), ds.seed, drop_last=ds.drop_last, **options)
-            per = lc.node_per_step_of(epoch, lambda job, r: spec.plan(epoch, job, r))
-        return fits(lc.max_shard, per, readers, limit, fixed, whole)
 
+def _policy(lc) -> RangePolicy:
+    """A RangePolicy of its own (the process's one keeps the largest working set it was shown)."""
+    index = lc.ds.index
+    return RangePolicy(lc.spec.open(), int(np.asarray(index.sizes).sum()), int(index.num_samples))
+
+
+def orders_passing(lc, limit: int, fixed: int, whole: int) -> list[str]:
+    """The largest block window and shuffle buffer (below the ones in use) with which the
+    whole-shard check passes at ``limit``."""
+    ds, epoch = lc.ds, lc.feed.epoch
+
+    def passes(**options) -> bool:
+        spec = PlanSpec(ds.index.counts, options.pop("order"), ds.seed, drop_last=ds.drop_last, **options)
+        per = lc.node_per_step_of(epoch, lambda job, r: spec.plan(epoch, job, r))
+        return fits(lc.max_shard, per, lc.readers, limit, fixed, whole)
+
+    out = []
     n_shards = len(ds.index)
     now = ds.block_shards if ds.order is Order.BLOCK else n_shards + 1
     w = largest(lambda w: passes(order=Order.BLOCK, block_shards=w), min(now, n_shards + 1))
@@ -145,14 +177,6 @@ def passing(lc, limit: int, fixed: int, whole: int, per_rank: list[int]) -> list
     b = largest(lambda b: passes(order=Order.SHARD, buffer_size=b), now)
     if b is not None:
         out.append(f"shuffle='shard' with shuffle_buffer={b}")
-    r = largest(lambda r: passes(readers=r), lc.readers)
-    if r is not None:
-        out.append(f"num_workers={r}" + (" (or 0)" if r == 1 else ""))
-    if ranges_possible(ds, lc.feed):
-        policy = RangePolicy(lc.spec.open(), int(np.asarray(ds.index.sizes).sum()), int(ds.index.num_samples))
-        if lc.ranged_need(policy) <= limit:
-            unset = " (unset SHARDFEED_CACHE_RANGES)" if ranged_reads.ENABLED is False else ""
-            out.append(f"shuffle='global' read as sample ranges{unset}")
     return out
 
 

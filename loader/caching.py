@@ -41,6 +41,7 @@ from shardfeed.loader.cache_limits import (
     node_need,
     order_name,
     passing,
+    ranged_passing,
     reader_max_open,
     smallest_limit,
 )
@@ -163,14 +164,13 @@ class LoaderCache:
                     and hasattr(self.feed, "batch_size") and len(index)
                     and all(rangeable(index, i) for i in range(len(index))))
 
-    def ranged_need(self, policy) -> int:
-        """Bytes the node's sample ranges pin at worst, with what eviction cannot free (``_check_ranged_budget``)."""
-        bs = self.feed.batch_size(self.feed.epoch)
-        t = self.ds.topology
-        ranks = t.ranks_per_node or t.world_size
-        working = policy.working_set(self.ds.index, bs, self.readers * ranks, ranks)
-        whole = policy.fixed + int(entry_bytes(self.ds.index).sum())  # all of it fits: nothing evicted or waited for
-        return min(whole, policy.fixed + working)
+    def ranged_need(self, policy, readers: int | None = None, batch: int | None = None) -> int:
+        """Bytes the node's sample ranges pin at worst, with what eviction cannot free
+        (``_check_ranged_budget``), at this Loader's readers and batch size unless given."""
+        ranks = node_ranks(self.ds.topology)
+        working = policy.working_set(self.ds.index, batch or self.feed.batch_size(self.feed.epoch),
+                                     (readers or self.readers) * ranks, ranks)
+        return policy.fixed + min(int(entry_bytes(self.ds.index).sum()), working)  # all of it: nothing waited for
 
     def _check_ranged_budget(self) -> None:
         """CacheLimitError now if the node's ranges cannot all be pinned at once (every rank
@@ -178,8 +178,7 @@ class LoaderCache:
         the policy's reserve, kept free of whole shards (RangePolicy.working_set)."""
         bs = self.feed.batch_size(self.feed.epoch)
         limit = self.spec.limit_bytes
-        t = self.ds.topology
-        ranks = t.ranks_per_node or t.world_size
+        ranks = node_ranks(self.ds.topology)
         needed = self.ranged_need(self.policy)
         fixed = self.policy.fixed
         if needed > limit:
@@ -187,8 +186,8 @@ class LoaderCache:
                                   f"this node: {ranks} rank(s) x {self.readers} reader(s), {bs} samples a step "
                                   f"each and {NEAR_STEPS} steps prefetched per rank, read as sample ranges (in the "
                                   f"disk blocks they touch) with their sidecars, plus {fixed:,} bytes of index and "
-                                  f"plans; raise cache_limit_bytes to at least {needed:,}, use fewer workers or "
-                                  "smaller batches", needed)
+                                  f"plans; raise cache_limit_bytes to at least {needed:,}"
+                                  + "".join(f", or {a}" for a in ranged_passing(self, limit)), needed)
 
     def _plan_samples(self, pos: dict):
         """(upcoming shards, near samples by shard) for SamplePrefetcher: the near samples are those
@@ -222,10 +221,7 @@ class LoaderCache:
         ranks = self.node_per_step(self.feed.epoch)
         per_step = [n for n in ranks for _ in range(self.readers)]
         limit = self.spec.limit_bytes
-        # what eviction cannot free: the mirrored index and log, and the plans the node's prefetchers publish
-        plans = len(ranks) * plan_bytes(min(len(self.ds.index), LOOKAHEAD_SHARDS), False)  # at most, at any limit
-        fixed = self.spec.open().budget.fixed_bytes(plans=False) + plans
-        whole = fixed + int(entry_bytes(self.ds.index).sum())  # all of it fits: nothing is evicted or waited for
+        fixed, whole = self.whole_terms()
         needed = min(whole, fixed + node_need(limit - fixed, self.max_shard, per_step))
         if needed > limit:
             least = min(whole, fixed + smallest_limit(self.max_shard, per_step))
@@ -236,6 +232,13 @@ class LoaderCache:
                                   f"to {self.max_shard:,} bytes each, and {fixed:,} bytes of index and plans; raise "
                                   f"cache_limit_bytes to at least {least:,}{others}", least)
         return max(self.max_shard, limit - needed + self.max_shard)
+
+    def whole_terms(self) -> tuple[int, int]:
+        """The whole-shard check's (bytes eviction cannot free: mirrored index and log, the node's plans
+        at most; those and every shard: a budget that evicts nothing)."""
+        plans = node_ranks(self.ds.topology) * plan_bytes(min(len(self.ds.index), LOOKAHEAD_SHARDS), False)
+        fixed = self.spec.open().budget.fixed_bytes(plans=False) + plans
+        return fixed, fixed + int(entry_bytes(self.ds.index).sum())
 
     def node_per_step(self, epoch: int, max_positions: int = SIM_POSITIONS) -> list[int]:
         """Most shards one step reads, for each rank of this node, over a bounded prefix of ``epoch``."""

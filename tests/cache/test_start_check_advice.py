@@ -90,3 +90,37 @@ def test_window_and_buffer_belong_to_their_order(folder):
     b = ShardDataset(folder, shuffle="block", seed=1)
     assert a.spec.block_shards == 2 and a.fingerprint() != b.fingerprint()  # a saved position names it
     assert list(a.unbatched_plan().positions(0, 1000)) != list(b.unbatched_plan().positions(0, 1000))
+
+
+@pytest.fixture(scope="module")
+def small_shards(tmp_path_factory):
+    """1,000 samples of 8 KiB in 50 shards of 20: read as sample ranges in the global order."""
+    root = str(tmp_path_factory.mktemp("advice_ranges") / "ds")
+    with ShardWriter(root, max_shard_samples=20) as w:
+        for i in range(1000):
+            w.write(labelled_sample(i, 8192))
+    return root
+
+
+@pytest.mark.timeout(120)
+def test_a_sample_range_refusal_names_settings_that_pass(tmp_path, small_shards, monkeypatch):
+    monkeypatch.setattr(ranged_reads, "ENABLED", None)  # 8 KiB samples: ranges by default
+    limit = open_index(small_shards).num_bytes // 8
+
+    def start(j, workers=2, batch=BATCH, **kw):
+        ds = ShardDataset(small_shards, seed=1, cache_dir=str(tmp_path / f"c{j}"), cache_limit_bytes=limit,
+                          **{"shuffle": "global", **kw})
+        with Loader(ds, batch, num_workers=workers) as loader:
+            assert len(next(iter(loader))["__key__"]) == batch
+
+    with pytest.raises(CacheLimitError) as err:
+        start("x")
+    text = str(err.value)
+    assert "read as sample ranges" in text and "use fewer workers or smaller batches" not in text
+    named = [int(n) for n in re.findall(r"num_workers=(\d+)", text)] + [-int(b) for b in re.findall(r"batch_size=(\d+)", text)]
+    assert named, text
+    for j, n in enumerate(named):  # each one named passes the check it was refused by
+        start(j, workers=n, batch=BATCH) if n >= 0 else start(j, batch=-n)
+    for j, (kw, _) in enumerate(_advised(err.value)):  # orders read whole, if any fit
+        if kw.get("shuffle") in ("block", "shard"):
+            start(f"o{j}", **kw)
