@@ -86,7 +86,8 @@ def note_ignores_range(url: str, size: int | None) -> None:
                   "whole from now on: a shard the cache holds whole is fetched once as before, but each fetch of "
                   "sample ranges of a shard it does not hold transfers the whole shard to keep a few samples. "
                   "Serve the dataset with a server that answers Range requests with 206 (nginx, Apache, "
-                  "S3 and other object stores do) to fetch only the samples the plan reads.",
+                  "S3 and other object stores do) to fetch only the samples the plan reads, or read it with "
+                  "shuffle='block' or 'shard' (whole shards, each fetched once per use).",
                   RuntimeWarning, stacklevel=2)
 
 
