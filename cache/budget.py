@@ -170,6 +170,11 @@ class Budget:
         if size > self.limit_bytes:
             raise CacheLimitError(url, f"shard of {size} bytes does not fit a cache limit of {self.limit_bytes} "
                                        f"bytes; raise limit_bytes to at least {size}", size)
+        if folder is not None and self.fixed_bytes(plans=False) + size > self.limit_bytes:
+            # metadata beside metadata that is never evicted: no wait can make this room
+            raise CacheLimitError(url, f"{size} bytes of dataset metadata do not fit beside the "
+                                       f"{self.fixed_bytes(plans=False)} bytes mirrored already in a cache limit of "
+                                       f"{self.limit_bytes} bytes; raise limit_bytes", self.fixed_bytes(plans=False) + size)
         deadline = time.monotonic() + self.wait_timeout_s
         delay = 0.02
         while True:

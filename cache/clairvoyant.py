@@ -92,7 +92,7 @@ class PlanPrefetcher:
             for ref, sidecar in todo:
                 if ref.url not in self._inflight:
                     self._inflight.add(ref.url)
-                    self._pool.submit(self._fetch, ref, sidecar)
+                    self._submit(self._fetch, ref, sidecar)
 
     def _fetch(self, ref, sidecar) -> None:
         try:
@@ -115,6 +115,12 @@ class PlanPrefetcher:
 
     def _count(self, **delta) -> None:
         self.cache._add(**delta)  # the cache's stats(): the Loader adds them to its own (loader/stats.py)
+
+    def _submit(self, fn, *args) -> None:
+        try:
+            self._pool.submit(fn, *args)
+        except RuntimeError:  # the pool is shut down (close() timed out on a long plan, or the interpreter exits)
+            self._stop.set()  # nothing more to fetch: the plan thread ends at its next look
 
     def close(self) -> None:
         if self._stop.is_set():
@@ -264,7 +270,7 @@ class SamplePrefetcher(PlanPrefetcher):
                 for ref, local, count in todo:
                     if ref.url not in self._inflight:
                         self._inflight.add(ref.url)
-                        self._pool.submit(self._fetch_samples, ref, local, count)
+                        self._submit(self._fetch_samples, ref, local, count)
 
     def _fetch_samples(self, ref, local, count) -> None:
         import os

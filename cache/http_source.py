@@ -11,7 +11,13 @@ trusts a 200 answered to a Range request and has no rate floor. Here:
   rewritten mid-fetch is refused, never stitched;
 - a server answering 200 to a Range sends the whole object: ``read_into``
   streams it once into the destination and says so (the caller serves every
-  range from that copy instead of asking again);
+  range from that copy instead of asking again). Such a server (any static
+  server without Range support, ``python -m http.server`` among them) is
+  remembered by its origin (scheme, host and port) for the rest of the
+  process: ``read_range`` / ``read_ranges`` then read the whole object in one
+  GET and keep the bytes asked for, never asking for ranges again, and one
+  RuntimeWarning names the server and the cost (a process group's ranks and
+  workers share one warning per origin: ``note_ignores_range``);
 - a read getting no byte for ``stall_s``, or a body arriving slower than
   ``min_rate`` bytes/s (after ``stall_s`` of grace), fails with the URL;
 - refused connections, DNS failures, 403, 404 and 5xx are raised as what
@@ -27,15 +33,62 @@ import http.client
 import os
 import re
 import socket
+import tempfile
 import threading
 import time
+import warnings
 from dataclasses import dataclass
+from hashlib import sha1
 from urllib.parse import urljoin, urlsplit
+
+from shardfeed.cache.sources import Source
 
 CHUNK = 256 << 10
 _RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 _HREF = re.compile(r"""href\s*=\s*["']([^"'#?]+)["']""", re.I)
 _local = threading.local()
+_ignoring: set[str] = set()  # origins that answered a Range request with the whole object (this process)
+_ignoring_mu = threading.Lock()
+
+
+def origin(url: str) -> str:
+    """``scheme://host:port`` of ``url``: what answers its requests."""
+    parts = urlsplit(url)
+    return f"{parts.scheme.lower()}://{(parts.hostname or '').lower()}:{parts.port or ''}"
+
+
+def origin_ignores_range(url: str) -> bool:
+    """Whether ``url``'s server answered a Range request of this process with the whole object."""
+    return origin(url) in _ignoring
+
+
+def note_ignores_range(url: str, size: int | None) -> None:
+    """Remember that ``url``'s server ignores Range (for this process), and warn once: once per
+    origin and process group (a job's ranks and Loader workers), through an empty marker file in
+    the temp folder, so two workers meeting the same server do not both warn."""
+    where = origin(url)
+    with _ignoring_mu:
+        if where in _ignoring:
+            return
+        _ignoring.add(where)
+    folder = os.path.join(tempfile.gettempdir(), f"shardfeed-{os.getuid()}-range-ignored")
+    marker = os.path.join(folder, sha1(f"{where}|{os.getpgrp()}".encode()).hexdigest()[:16])
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        return  # another process of this job warned
+    except OSError:
+        pass  # no temp folder to mark in: this process warns
+    whole = f" ({size:,} bytes)" if size else ""
+    warnings.warn(f"shardfeed: the server at {where} ignores HTTP Range requests (it answered a request for "
+                  f"part of {url} with the whole object{whole}, HTTP 200). shardfeed reads every object from it "
+                  "whole from now on: a shard the cache holds whole is fetched once as before, but each fetch of "
+                  "sample ranges of a shard it does not hold transfers the whole shard to keep a few samples. "
+                  "Serve the dataset with a server that answers Range requests with 206 (nginx, Apache, "
+                  "S3 and other object stores do) to fetch only the samples the plan reads, or read it with "
+                  "shuffle='block' or 'shard' (whole shards, each fetched once per use).",
+                  RuntimeWarning, stacklevel=2)
 
 
 class HttpError(OSError):
@@ -88,8 +141,8 @@ def _identity(resp, size: int | None) -> Identity:
     return Identity(size, etag, resp.getheader("Last-Modified"))
 
 
-class HttpSource:
-    """One http(s):// object: ``stat()``, ``read_range``, ``read_into``, ``get_small``, ``list``."""
+class HttpSource(Source):
+    """One http(s):// object: ``stat()``, ``read_range``, ``read_ranges``, ``read_into``, ``get_small``, ``list``."""
 
     def __init__(self, url: str, stall_s: float = 30.0, min_rate: float = 0.0, headers: dict | None = None):
         self.url = url
@@ -236,6 +289,8 @@ class HttpSource:
                 conn.close()
                 raise HttpError(self.url, 200, f"ignored the Range request and sent {length or 'an unknown size'} "
                                                f"bytes where {size} were expected")
+            if start > 0 or end < n:  # part of it was asked for: the server ignores Range
+                note_ignores_range(self.url, n)
             whole, total, start = True, n, 0
         else:
             conn.close()
@@ -251,16 +306,41 @@ class HttpSource:
         self._finish(resp, key, conn)
         return whole
 
+    def ignores_range(self) -> bool:
+        return origin_ignores_range(self.url)
+
     def read_range(self, start: int, end: int) -> bytes:
-        buf = bytearray(end - start)
+        return self.read_ranges([(start, end)])[0]
+
+    def read_ranges(self, spans) -> list[bytes]:
+        """The bytes of each ``[start, end)`` of ``spans``, one GET each; from a server that
+        ignores Range (known, or found at the first answer) one GET of the whole object
+        serves every span left, only their bytes kept."""
+        spans = [(int(a), int(b)) for a, b in spans]
+        out: list[bytes | None] = [None] * len(spans)
+        for j, (a, b) in enumerate(spans):
+            if origin_ignores_range(self.url):
+                rest = list(range(j, len(spans)))
+                for k, data in zip(rest, self._pick([spans[k] for k in rest])):
+                    out[k] = data
+                break
+            out[j] = self._pick([(a, b)])[0]
+        return out
+
+    def _pick(self, spans) -> list[bytes]:
+        """Spans of one GET of bytes [first start, last end): a 206 of those, or the whole object."""
+        bufs = [bytearray(b - a) for a, b in spans]
+        lo, hi = min(a for a, _ in spans), max(b for _, b in spans)
 
         def put(chunk, at):
-            if at - start + len(chunk) <= len(buf) and at >= start:
-                buf[at - start:at - start + len(chunk)] = chunk
+            end = at + len(chunk)
+            for (a, b), buf in zip(spans, bufs):
+                x, y = max(a, at), min(b, end)
+                if x < y:
+                    buf[x - a:y - a] = chunk[x - at:y - at]
 
-        if self.read_into(start, end, put, self.identity.size if self.identity else None):
-            raise HttpError(self.url, 200, "ignored the Range request (sent the whole object)")
-        return bytes(buf)
+        self.read_into(lo, hi, put, self.identity.size if self.identity else None)
+        return [bytes(b) for b in bufs]
 
     def get_small(self, max_bytes: int, known: Identity | None = None) -> tuple[Identity, bytes | None]:
         """One GET of a small object (an index, a log entry, a sidecar, a listing),

@@ -289,7 +289,21 @@ class RangeFetcher:
         src = open_source(ref.url, self.cache.storage_options, opts.stall_s)
         start, end = spans(table, missing)
         key = partial_key(self.cache.key_for(ref.url, ref.hash, ref.version))
-        for a, b in coalesce(start, end, self.cost.gap_bytes()):
+        rs = coalesce(start, end, self.cost.gap_bytes())
+        got: dict = {}  # from a server that ignores Range: every range left, from one read of the whole object
+
+        def read(a: int, b: int) -> bytes:
+            if (a, b) in got:
+                return got.pop((a, b))
+            self.cache._add(requests=1)
+            if not src.ignores_range():
+                return src.read_range(a, b)
+            rest = rs[rs.index((a, b)):]
+            got.update(zip(rest, src.read_ranges(rest)))
+            self.cache._add(bytes_fetched=int(ref.size) - sum(y - x for x, y in rest))  # the rest of the body
+            return got.pop((a, b))
+
+        for a, b in rs:
             if cancel is not None and cancel.is_set():
                 from shardfeed.cache.fetch import Cancelled
 
@@ -299,7 +313,7 @@ class RangeFetcher:
             try:
                 t0 = time.monotonic()
                 data = with_retries(ref.url, f"reading bytes {a}-{b - 1}",
-                                    self._asked(lambda a=a, b=b: src.read_range(a, b)), opts)
+                                    lambda a=a, b=b: read(a, b), opts)
                 self.cost.observe(len(data), time.monotonic() - t0)
                 self._count(range_requests=1, range_bytes=len(data))
                 self.cache._add(bytes_fetched=len(data))

@@ -72,8 +72,11 @@ def _copy(url: str, dest: str, cache: ShardCache, max_bytes: int = _MAX_META_BYT
     # inside the cache's budget like a shard: room made first, renamed under the node lock
     tmp = cache.budget.make_room_and_create(os.path.basename(dest), "", len(data), url, os.path.dirname(dest))
     try:
-        with open(tmp, "r+b") as f:
-            f.write(data)
+        try:
+            with open(tmp, "r+b") as f:
+                f.write(data)
+        except OSError as e:  # a disk without fallocate fills here, not at the reservation
+            raise _disk_error(url, tmp, e) from e
         try:
             os.setxattr(tmp, _VERSION_XATTR, json.dumps([ident.size, ident.etag, ident.modified]).encode())
         except OSError:
@@ -85,6 +88,11 @@ def _copy(url: str, dest: str, cache: ShardCache, max_bytes: int = _MAX_META_BYT
             os.unlink(tmp)
         raise
     return True
+
+
+def _disk_error(url: str, path: str, e: OSError) -> ShardError:
+    return ShardError(url, f"cannot write its mirror at {path} in the cache: {e}; free space there, lower "
+                           "cache_limit_bytes or point cache_dir at a larger disk")
 
 
 def _known(dest: str):
@@ -125,10 +133,16 @@ def mirror_index(url: str, cache: ShardCache) -> str:
     if scheme_of(url) in ("", "file"):
         return url[len("file://"):] if url.startswith("file://") else url  # already local: nothing to copy
     folder = mirror_folder(url, cache)
-    os.makedirs(os.path.join(folder, LOG_DIR), exist_ok=True)
-    if not os.path.exists(os.path.join(folder, "source.txt")):
-        with open(os.path.join(folder, "source.txt"), "w") as f:
-            f.write(url + "\n")  # for people looking at the cache folder (a few bytes, once)
+    note = os.path.join(folder, "source.txt")
+    try:
+        os.makedirs(os.path.join(folder, LOG_DIR), exist_ok=True)
+        if not os.path.exists(note):
+            with open(note, "w") as f:
+                f.write(url + "\n")  # for people looking at the cache folder (a few bytes, once)
+    except OSError as e:  # a full disk (ENOSPC), a quota, a read-only folder
+        with contextlib.suppress(OSError):
+            os.unlink(note)  # never left empty: it would not be written again
+        raise _disk_error(url, folder, e) from e
     have_index = True
     try:
         _copy(f"{url}/{INDEX_NAME}", os.path.join(folder, INDEX_NAME), cache)

@@ -1,7 +1,7 @@
 """Where shard bytes come from, chosen by URL scheme.
 
 One small interface (`Source`: ``size()``, ``read_range(start, end)``,
-``list()``) with three backends: plain paths and ``file://`` read with
+``read_ranges(spans)``, ``ignores_range()``, ``list()``) with three backends: plain paths and ``file://`` read with
 pread; ``http(s)://`` by shardfeed's own checked, bounded client
 (http_source.py); ``s3://``, ``gs://`` and ``az://`` through fsspec
 (REMOTE_SCHEMES). Any other scheme (``ftp://``, ...), a scheme whose fsspec
@@ -46,6 +46,16 @@ class Source:
 
     def read_range(self, start: int, end: int) -> bytes:
         raise NotImplementedError
+
+    def read_ranges(self, spans) -> list[bytes]:
+        """The bytes of each ``[start, end)`` of ``spans``: one read each here; a source whose
+        server ignores Range serves them all from one read of the whole object."""
+        return [self.read_range(a, b) for a, b in spans]
+
+    def ignores_range(self) -> bool:
+        """Whether the server is known to answer a request for part of an object with all of it
+        (then ``read_ranges`` of every range at once costs one whole object, not one per range)."""
+        return False
 
     def list(self) -> list[str]:
         """URLs of the objects directly under this URL taken as a folder."""

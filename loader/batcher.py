@@ -52,7 +52,7 @@ class BatchMaker:
         extra = {}
         if cached is not None:
             from shardfeed.cache.reads import max_entry_bytes
-            from shardfeed.loader.caching import reader_max_open
+            from shardfeed.loader.cache_limits import reader_max_open
 
             biggest = max_entry_bytes(index)  # the shard and its sidecar, as the checks count it
             max_open = reader_max_open(cached.spec.limit_bytes, biggest, readers)

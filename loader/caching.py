@@ -35,9 +35,18 @@ from shardfeed.cache.clairvoyant import PlanPrefetcher
 from shardfeed.cache.ranged_reads import NEAR_STEPS, RANGE_THREADS, plan_bytes
 from shardfeed.cache.reads import CachedShards, entry_bytes, max_entry_bytes
 from shardfeed.cache.simulate import belady_bytes
+from shardfeed.loader.cache_limits import (
+    LOOKAHEAD_SHARDS,
+    below_one_shard,
+    node_need,
+    order_name,
+    passing,
+    ranged_passing,
+    reader_max_open,
+    smallest_limit,
+)
 
 STEP_KEY = 10 ** 9
-LOOKAHEAD_SHARDS = 4096  # shards one plan holds (the cache's lookahead)
 SIM_POSITIONS = 1 << 18  # samples of the epoch the thrash estimate simulates (bounds its cost, ~0.3 s)
 THRASH_RATIO = 2.0  # warn when Belady fetches more than this times the bytes the node reads
 PREFETCH_THREADS = 2
@@ -51,29 +60,6 @@ def node_ranks(topology) -> int:
     """Ranks sharing this node's cache: LOCAL_WORLD_SIZE, else every rank of the job
     (one node; an overcount on several nodes only makes the check stricter)."""
     return int(topology.ranks_per_node or topology.world_size)
-
-
-def reader_max_open(limit_bytes: int, max_shard: int, readers: int) -> int:
-    """Shards a reader keeps open (pinned) between reads, ``readers`` being
-    every reader of the node: together at most a quarter of the budget, 0 when
-    the budget is tight (each read then reopens its shards)."""
-    return max(0, min(256, limit_bytes // max(1, 4 * readers * max_shard)))
-
-
-def node_need(limit_bytes: int, max_shard: int, per_step: list[int]) -> int:
-    """Bytes the node's readers pin at worst (``per_step``: shards one read of
-    each reader of the node touches), each also keeping its open shards, plus
-    one shard being fetched. Below this two readers can wait on each other."""
-    kept = reader_max_open(limit_bytes, max_shard, len(per_step))
-    return (sum(per_step) + kept * len(per_step) + 1) * max_shard
-
-
-def smallest_limit(max_shard: int, per_step: list[int]) -> int:
-    """The smallest budget ``node_need`` accepts (kept-open shards grow with it)."""
-    limit = (sum(per_step) + 1) * max_shard
-    while node_need(limit, max_shard, per_step) > limit:
-        limit = node_need(limit, max_shard, per_step)
-    return limit
 
 
 def plain_read_shards(limit_bytes: int, index, readers: int, where: str, fixed: int = 0) -> int:
@@ -178,26 +164,30 @@ class LoaderCache:
                     and hasattr(self.feed, "batch_size") and len(index)
                     and all(rangeable(index, i) for i in range(len(index))))
 
+    def ranged_need(self, policy, readers: int | None = None, batch: int | None = None) -> int:
+        """Bytes the node's sample ranges pin at worst, with what eviction cannot free
+        (``_check_ranged_budget``), at this Loader's readers and batch size unless given."""
+        ranks = node_ranks(self.ds.topology)
+        working = policy.working_set(self.ds.index, batch or self.feed.batch_size(self.feed.epoch),
+                                     (readers or self.readers) * ranks, ranks)
+        return policy.fixed + min(int(entry_bytes(self.ds.index).sum()), working)  # all of it: nothing waited for
+
     def _check_ranged_budget(self) -> None:
         """CacheLimitError now if the node's ranges cannot all be pinned at once (every rank
         and reader of the node counted, as in ``_check_budget``); what they need is then
         the policy's reserve, kept free of whole shards (RangePolicy.working_set)."""
         bs = self.feed.batch_size(self.feed.epoch)
         limit = self.spec.limit_bytes
-        t = self.ds.topology
-        ranks = t.ranks_per_node or t.world_size
-        readers = self.readers * ranks  # every rank of the node pins its own
-        working = self.policy.working_set(self.ds.index, bs, readers, ranks)
+        ranks = node_ranks(self.ds.topology)
+        needed = self.ranged_need(self.policy)
         fixed = self.policy.fixed
-        whole = fixed + int(entry_bytes(self.ds.index).sum())  # all of it fits: nothing is evicted or waited for
-        needed = min(whole, fixed + working)
         if needed > limit:
             raise CacheLimitError(self.spec.cache_dir, f"cache_limit_bytes={limit:,} is below the working set of "
                                   f"this node: {ranks} rank(s) x {self.readers} reader(s), {bs} samples a step "
                                   f"each and {NEAR_STEPS} steps prefetched per rank, read as sample ranges (in the "
                                   f"disk blocks they touch) with their sidecars, plus {fixed:,} bytes of index and "
-                                  f"plans; raise cache_limit_bytes to at least {needed:,}, use fewer workers or "
-                                  "smaller batches", needed)
+                                  f"plans; raise cache_limit_bytes to at least {needed:,}"
+                                  + "".join(f", or {a}" for a in ranged_passing(self, limit)), needed)
 
     def _plan_samples(self, pos: dict):
         """(upcoming shards, near samples by shard) for SamplePrefetcher: the near samples are those
@@ -231,33 +221,38 @@ class LoaderCache:
         ranks = self.node_per_step(self.feed.epoch)
         per_step = [n for n in ranks for _ in range(self.readers)]
         limit = self.spec.limit_bytes
-        # what eviction cannot free: the mirrored index and log, and the plans the node's prefetchers publish
-        plans = len(ranks) * plan_bytes(min(len(self.ds.index), LOOKAHEAD_SHARDS), False)  # at most, at any limit
-        fixed = self.spec.open().budget.fixed_bytes(plans=False) + plans
-        whole = fixed + int(entry_bytes(self.ds.index).sum())  # all of it fits: nothing is evicted or waited for
+        fixed, whole = self.whole_terms()
         needed = min(whole, fixed + node_need(limit - fixed, self.max_shard, per_step))
         if needed > limit:
             least = min(whole, fixed + smallest_limit(self.max_shard, per_step))
+            others = "".join(f", or {a}" for a in passing(self, limit, fixed, whole, ranks))
             raise CacheLimitError(self.spec.cache_dir, f"cache_limit_bytes={limit:,} is below the working set of "
                                   f"this node: {len(ranks)} rank(s) x {self.readers} reader(s), up to {max(ranks)} "
-                                  f"shard(s) per step each, plus one being fetched, of up to {self.max_shard:,} "
-                                  f"bytes each, and {fixed:,} bytes of index and plans; raise cache_limit_bytes to "
-                                  f"at least {least:,}, use fewer workers, "
-                                  "or a shuffle that reads fewer shards per step ('block', 'shard')", least)
+                                  f"shard(s) per step each ({order_name(self.ds)}), plus one being fetched, of up "
+                                  f"to {self.max_shard:,} bytes each, and {fixed:,} bytes of index and plans; raise "
+                                  f"cache_limit_bytes to at least {least:,}{others}", least)
         return max(self.max_shard, limit - needed + self.max_shard)
+
+    def whole_terms(self) -> tuple[int, int]:
+        """The whole-shard check's (bytes eviction cannot free: mirrored index and log, the node's plans
+        at most; those and every shard: a budget that evicts nothing)."""
+        plans = node_ranks(self.ds.topology) * plan_bytes(min(len(self.ds.index), LOOKAHEAD_SHARDS), False)
+        fixed = self.spec.open().budget.fixed_bytes(plans=False) + plans
+        return fixed, fixed + int(entry_bytes(self.ds.index).sum())
 
     def node_per_step(self, epoch: int, max_positions: int = SIM_POSITIONS) -> list[int]:
         """Most shards one step reads, for each rank of this node, over a bounded prefix of ``epoch``."""
+        rank = self.ds.topology.rank
+        return self.node_per_step_of(epoch, lambda job, r: self.feed.plan(epoch) if r == rank else
+                                   self.ds.spec.plan(epoch, job, r), max_positions)
+
+    def node_per_step_of(self, epoch: int, plan_of, max_positions: int = SIM_POSITIONS) -> list[int]:
+        """Most shards one step reads, for each rank of this node (``plan_of(job, rank)``: its plan)."""
         job, rank = self.feed.job(epoch), self.ds.topology.rank
         rpn = job.ranks_per_node or job.world_size
         node = rank // rpn
         ranks = range(node * rpn, min(job.world_size, (node + 1) * rpn))
-        return [self.shards_per_step(epoch, max_positions) if r == rank else
-                self._per_step(self.ds.spec.plan(epoch, job, r), job.batch_size(r), max_positions) for r in ranks]
-
-    def shards_per_step(self, epoch: int, max_positions: int = SIM_POSITIONS) -> int:
-        """Most shards one step of this rank reads, over a bounded prefix of ``epoch``."""
-        return self._per_step(self.feed.plan(epoch), self.feed.batch_size(epoch), max_positions)
+        return [self._per_step(plan_of(job, r), job.batch_size(r), max_positions) for r in ranks]
 
     def _per_step(self, plan, bs: int, max_positions: int) -> int:
         index = self.ds.index
@@ -391,10 +386,15 @@ def open_cached(source, cache_dir, limit_bytes, storage_options):
     cache = spec.open()
     if isinstance(source, str) and scheme_of(source) not in ("", "file"):
         url = source.rstrip("/")
-        index = open_index(mirror_index(url, cache))
+        try:
+            index = open_index(mirror_index(url, cache))
+        except CacheLimitError as e:  # the index itself does not fit: name what would, shards included
+            raise below_one_shard(spec, url, e) from e
         index.root = url  # shard paths and error messages name the source, not the mirror
     else:
         index = open_index(source)
     if len(index):
-        cache.reserve(max_entry_bytes(index))
+        if max_entry_bytes(index) > spec.limit_bytes:  # (the start check counts the metadata beside it)
+            fixed = cache.budget.fixed_bytes(plans=False)
+            raise below_one_shard(spec, str(source), None, fixed, max_entry_bytes(index), len(index))
     return spec, index

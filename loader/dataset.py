@@ -58,6 +58,15 @@ class ShardDataset(_topology.Placed, torch.utils.data.IterableDataset):
     torch.distributed, then RANK/WORLD_SIZE, then 0/1. on_error: ``raise``
     or ``skip`` (skip and count corrupt samples and shards).
 
+    block_shards (``block`` only): shards per window (default 16); a step
+    reads from at most one window's shards, so a smaller window needs a
+    smaller cache and mixes less. shuffle_buffer (``shard`` only): samples in
+    each rank's shuffle buffer (default 10,000); a step reads from the shards
+    the buffer spans (about ``shuffle_buffer / samples per shard + 1``). Both
+    are part of the order (a saved position applies only to the same values);
+    the cache's start check names values that fit its limit when the defaults
+    do not.
+
     locality (``global`` only): deal each global batch so that a rank reads
     mostly shards its own node owns (shard ``s`` is owned by node ``s %
     nodes``, the node whose cache holds it); every global batch still holds
@@ -117,7 +126,8 @@ class ShardDataset(_topology.Placed, torch.utils.data.IterableDataset):
                  world_size: int | None = None, drop_last: bool = False, follow: bool = False,
                  on_error: str = "raise", locality: bool = False, read_mode: str = "pread",
                  poll_s: float = POLL_S, idle_timeout_s: float = IDLE_TIMEOUT_S, replay: float = 0.0,
-                 window: int | None = None, storage_options: dict | None = None):
+                 window: int | None = None, storage_options: dict | None = None, block_shards: int | None = None,
+                 shuffle_buffer: int | None = None):
         super().__init__()
         if not isinstance(source, (str, list, tuple)):
             source = os.fspath(source)
@@ -136,6 +146,7 @@ class ShardDataset(_topology.Placed, torch.utils.data.IterableDataset):
             raise ValueError(f"locality=True deals global batches by node and needs shuffle='global', got "
                              f"shuffle={self.order.value!r}; drop locality or use shuffle='global'")
         self.locality = bool(locality)
+        self.block_shards, self.shuffle_buffer = _order_options(self.order, block_shards, shuffle_buffer)
         self.read_mode = check_read_mode(read_mode)
         self.seed = int(seed)
         self.decode = bool(decode)
@@ -164,7 +175,7 @@ class ShardDataset(_topology.Placed, torch.utils.data.IterableDataset):
             from shardfeed.loader.remote_follow import open_followed
 
             self.cache, self.index, self._mirror = open_followed(source, cache_dir, cache_limit_bytes,
-                                                                 storage_options)
+                                                                 storage_options, idle_timeout_s)
         elif remote or cache_dir is not None or cache_limit_bytes is not None:
             if self.follow:
                 raise ValueError(f"{source}: follow=True on a local folder reads it in place, without the "
@@ -198,7 +209,8 @@ class ShardDataset(_topology.Placed, torch.utils.data.IterableDataset):
         """What this dataset shuffles and how (the input of every plan)."""
         if self._spec is None:
             self._spec = PlanSpec(self.index.counts, self.order, self.seed, drop_last=self.drop_last,
-                                  locality=self.locality)
+                                  locality=self.locality, block_shards=self.block_shards,
+                                  buffer_size=self.shuffle_buffer)
         return self._spec
 
     def fingerprint(self) -> dict:
@@ -373,6 +385,22 @@ class ShardDataset(_topology.Placed, torch.utils.data.IterableDataset):
                 f"{'locality=True, ' if self.locality else ''}"
                 f"{'read_mode=' + repr(self.read_mode) + ', ' if self.read_mode != 'pread' else ''}"
                 f"rank={self.rank}/{self.world_size}, samples={self.index.num_samples})")
+
+
+def _order_options(order: Order, block_shards, shuffle_buffer) -> tuple[int, int]:
+    """(block_shards, shuffle_buffer) checked: each belongs to one order; None is its default."""
+    from shardfeed.shuffling.plan import DEFAULT_BLOCK_SHARDS, DEFAULT_BUFFER_SIZE
+
+    for name, value, owner in (("block_shards", block_shards, Order.BLOCK), ("shuffle_buffer", shuffle_buffer, Order.SHARD)):
+        if value is None:
+            continue
+        if order is not owner:
+            raise ValueError(f"{name}={value!r} sets the {owner.value!r} order; it has no effect with "
+                             f"shuffle={order.value!r}: drop it or use shuffle={owner.value!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"{name}={value!r} must be an int >= 1")
+    return (DEFAULT_BLOCK_SHARDS if block_shards is None else int(block_shards),
+            DEFAULT_BUFFER_SIZE if shuffle_buffer is None else int(shuffle_buffer))
 
 
 def _is_url(source: str) -> bool:

@@ -113,6 +113,8 @@ class Loader:
             if self._auto is not None:  # the cache's budget is checked for its readers before any batch
                 autotune.from_cores(self)
             self._cache = LoaderCache(dataset, self.schedule, self.num_workers)
+            index = dataset.index  # fetched_ratio is per byte of the dataset, as `shardfeed plan` says it
+            self._stats.sample_bytes = int(index.num_bytes) / max(1, int(index.num_samples))
         self._closed = False
         self._gen = 0  # iteration generation: an older iterator stops when a new one starts
         # audit=True records what this rank delivered, a bit per sample (audit.py)
@@ -176,6 +178,7 @@ class Loader:
                 self._shutdown_pool()
                 raise
         st = self._stats
+        st.readers = max(1, self.num_workers)  # whose fetch waits are summed (cache_wait_s is their mean)
         st.start_epoch(self.epoch, fresh=self._pos["step"] == 0)
         if self._pos["step"] == 0 and self.policy.left_out:
             st.errors_skipped += self.policy.left_out  # shards or samples left out when the index was made

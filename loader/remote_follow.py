@@ -17,7 +17,9 @@ the budget is sized, so pins last one read.
 A follower runs as long as its writer, so a server's bad minute must not end
 it: its fetches (shards, sidecars, log entries) retry faults for
 ``FOLLOW_RETRY_S`` seconds, not only five tries (cache/fetch.py), unless
-``SHARDFEED_FETCH_RETRY_S`` says otherwise.
+``SHARDFEED_FETCH_RETRY_S`` says otherwise; never longer than its
+``idle_timeout_s``, the wait its docs promise (a poll that retried a 503 storm
+for a minute held back the idle timeout of 6 s for that minute).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from shardfeed.cache.reads import CachedShards
 FOLLOW_RETRY_S = 60.0  # a follower's fetches ride out faults this long (a 503 storm, a restarting server)
 
 
-def open_followed(url: str, cache_dir, limit_bytes, storage_options):
+def open_followed(url: str, cache_dir, limit_bytes, storage_options, idle_timeout_s: float = FOLLOW_RETRY_S):
     """(CacheSpec, index of what the stream has published so far, mirror folder) of a followed
     URL. The dataset need not exist yet: its index is then empty, and the feed waits for it."""
     from shardfeed.cache.log_mirror import LogMirror
@@ -39,7 +41,8 @@ def open_followed(url: str, cache_dir, limit_bytes, storage_options):
     url = url.rstrip("/")
     spec = cache_spec(url, cache_dir, limit_bytes, storage_options)
     if not os.environ.get("SHARDFEED_FETCH_RETRY_S"):
-        spec = dataclasses.replace(spec, fetch=dataclasses.replace(spec.fetch, retry_s=FOLLOW_RETRY_S))
+        window = min(FOLLOW_RETRY_S, idle_timeout_s) if idle_timeout_s > 0 else FOLLOW_RETRY_S  # the feed refuses <= 0
+        spec = dataclasses.replace(spec, fetch=dataclasses.replace(spec.fetch, retry_s=window))
     mirror = LogMirror(url, spec.open())
     mirror.sync()
     return spec, _index(mirror.folder, url, mirror.have if mirror.exists else None, mirror.exists), mirror.folder

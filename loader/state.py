@@ -31,6 +31,9 @@ from __future__ import annotations
 import numpy as np
 import xxhash
 
+from shardfeed.shuffling import Order
+from shardfeed.shuffling.plan import DEFAULT_BLOCK_SHARDS, DEFAULT_BUFFER_SIZE
+
 VERSION = 2
 
 
@@ -39,8 +42,14 @@ def make(feed_state: dict) -> dict:
 
 
 def fingerprint(dataset) -> dict:
-    return {"samples": int(dataset.index.num_samples), "shards": len(dataset.index),
-            "order": dataset.order.value, "seed": int(dataset.seed), "drop_last": bool(dataset.drop_last)}
+    out = {"samples": int(dataset.index.num_samples), "shards": len(dataset.index),
+           "order": dataset.order.value, "seed": int(dataset.seed), "drop_last": bool(dataset.drop_last)}
+    # the window and the buffer change the order; named only when not the default (states saved before match)
+    if dataset.order is Order.BLOCK and dataset.block_shards != DEFAULT_BLOCK_SHARDS:
+        out["block_shards"] = int(dataset.block_shards)
+    if dataset.order is Order.SHARD and dataset.shuffle_buffer != DEFAULT_BUFFER_SIZE:
+        out["shuffle_buffer"] = int(dataset.shuffle_buffer)
+    return out
 
 
 def index_digest(index) -> str:

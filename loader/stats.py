@@ -11,11 +11,19 @@ life. ``LoaderStats.snapshot()`` returns a ``StatsSnapshot``:
                "fetch_wait_s": ..., "evictions": ..., "requests": ...,
                "late_samples": ..., "prefetch_samples": ..., "prefetch_shards": ...,
                "prefetch_present": ..., "prefetch_skipped": ..., "prefetch_passed": ...,
-               "prefetch_errors": ...},   # 0 unless read through the cache
+               "prefetch_errors": ..., "fetched_ratio": ..., "cache_wait_s": ...,
+               "cache_wait_fraction": ...},   # 0 unless read through the cache
      "total": {the same keys, no "number"},
      "samples": ..., ...}   # the totals again, flat, as stats() always returned them
 
 ``str(snapshot)`` is two human lines (``print(loader.stats())``).
+
+Derived for the cache (docs/remote-and-cache.md explains each): ``fetched_ratio``,
+bytes fetched from the source per byte of the dataset read (its stored bytes: tar
+framing included, as ``shardfeed plan`` counts; 0.48: about half came over the
+network, the rest from the cache; above 1: the plan refetches); ``cache_wait_s``, a
+reader's time waiting for the cache, averaged over the readers (``fetch_wait_s`` is
+their sum), so a part of ``elapsed_s``; ``cache_wait_fraction``, that part.
 """
 
 from __future__ import annotations
@@ -77,14 +85,22 @@ class Counters:
     def __eq__(self, other):
         return self._values() == other._values() if other.__class__ is self.__class__ else NotImplemented
 
-    def view(self, running_s: float = 0.0) -> dict:
+    def view(self, running_s: float = 0.0, readers: int = 1, sample_bytes: float = 0.0) -> dict:
         """The counters plus the rates derived from them; ``running_s`` is the
-        time of an iteration still in progress, not yet added to elapsed_s."""
+        time of an iteration still in progress, not yet added to elapsed_s;
+        ``readers``: the processes whose ``fetch_wait_s`` is summed; ``sample_bytes``:
+        the dataset's stored bytes per sample (0: unknown, payload bytes read instead)."""
         out = self._values()
         elapsed = self.elapsed_s + running_s
         out["elapsed_s"] = elapsed
         out["samples_per_s"] = self.samples / elapsed if elapsed > 0 else 0.0
         out["stall_fraction"] = self.wait_s / elapsed if elapsed > 0 else 0.0
+        stored = self.samples * sample_bytes if sample_bytes else self.bytes_read
+        out["fetched_ratio"] = self.bytes_fetched / stored if stored else 0.0
+        # a reader's wait lies inside the span it read in; workers read ahead of the consumer, so a
+        # mean past the span is the epoch before it reaching in: never more than the span
+        out["cache_wait_s"] = min(max(elapsed, 0.0), self.fetch_wait_s / max(1, readers))
+        out["cache_wait_fraction"] = out["cache_wait_s"] / elapsed if elapsed > 0 else 0.0
         return out
 
 
@@ -144,6 +160,8 @@ class LoaderStats:
         self.total = Counters()
         self.epoch_number: int | None = None  # None until the Loader first calls start_epoch
         self.started: float | None = None  # perf_counter() when the running iteration began
+        self.readers = 1  # processes that read batches (the Loader's workers, or the main process)
+        self.sample_bytes = 0.0  # stored bytes per sample of a dataset read through the cache (fetched_ratio)
 
     def start_epoch(self, epoch: int, fresh: bool = True) -> None:
         """Called as an iteration begins. The epoch counters start again when
@@ -203,9 +221,9 @@ class LoaderStats:
 
     def snapshot(self) -> StatsSnapshot:
         running = time.perf_counter() - self.started if self.started is not None else 0.0
-        total = self.total.view(running)
+        total = self.total.view(running, self.readers, self.sample_bytes)
         # Before the first start_epoch the Loader's life is the only span known.
-        epoch = total if self.epoch_number is None else self.epoch.view(running)
+        epoch = total if self.epoch_number is None else self.epoch.view(running, self.readers, self.sample_bytes)
         return StatsSnapshot(total, epoch={"number": self.epoch_number, **epoch}, total=dict(total))
 
 
@@ -234,14 +252,15 @@ def _cache_part(c: dict) -> str:
     opened = c["cache_hits"] + c["cache_misses"]
     if not opened and not c["bytes_fetched"]:
         return ""  # not read through a cache
-    hits = f"{c['cache_hits'] / opened:.0%} hits" if opened else "no shard opened"
     ahead = ""
     if c["prefetch_samples"] or c["prefetch_shards"] or c["prefetch_skipped"] or c["late_samples"]:
         ahead = (f"; prefetched {_count(c['prefetch_samples'], 'sample')} and {_count(c['prefetch_shards'], 'shard')}"
                  f" ({c['prefetch_skipped']:,} skipped for room), {_count(c['late_samples'], 'sample')} fetched "
                  "late by readers")
-    return (f"; cache {hits}, {_bytes(c['bytes_fetched'])} fetched, {c['fetch_wait_s']:.1f} s waiting, "
-            f"{_count(c['evictions'], 'eviction')}" + ahead)
+    hits = f", {c['cache_hits'] / opened:.0%} of shard opens found it cached" if opened else ""
+    return (f"; cache: fetched {_bytes(c['bytes_fetched'])} ({c['fetched_ratio']:.2f}x the data read) in "
+            f"{_count(c['requests'], 'request')}, readers waited {c['cache_wait_s']:.1f} s each "
+            f"({c['cache_wait_fraction']:.0%} of the time){hits}, {_count(c['evictions'], 'eviction')}" + ahead)
 
 
 def _count(n: int, noun: str) -> str:

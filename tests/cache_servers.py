@@ -250,3 +250,51 @@ def pin_in_child(cache_dir: str, limit: int, url: str, pinned_path: str, release
         deadline = time.monotonic() + 240
         while not os.path.exists(release_path) and time.monotonic() < deadline:
             time.sleep(0.01)
+
+
+class StaticServer(ThreadingHTTPServer):
+    """The standard library's ``SimpleHTTPRequestHandler`` serving ``root`` on 127.0.0.1 in a
+    thread, as ``python -m http.server`` does: no Range support (every GET of a file is a 200
+    with the whole file). ``log`` lists (method, path, status, Range header or None). Each
+    server of a process gets a port none before it had: clients remember what a server at a
+    host and port does (http_source.note_ignores_range), as they would a real one."""
+
+    daemon_threads = True
+    ports: set = set()
+
+    def __init__(self, root: str):
+        import functools
+        from http.server import SimpleHTTPRequestHandler
+
+        log, mu = [], threading.Lock()
+
+        class Handler(SimpleHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_request(self, code="-", size="-"):
+                with mu:
+                    log.append((self.command, unquote(urlsplit(self.path).path), int(getattr(code, "value", code)),
+                                self.headers.get("Range")))
+
+            def log_message(self, *args):
+                pass
+
+        super().__init__(("127.0.0.1", 0), functools.partial(Handler, directory=root))
+        while self.server_address[1] in StaticServer.ports:  # a client remembers a server by host and port
+            self.server_close()
+            super().__init__(("127.0.0.1", 0), functools.partial(Handler, directory=root))
+        StaticServer.ports.add(self.server_address[1])
+        self.log = log
+        self.url = f"http://127.0.0.1:{self.server_address[1]}"
+        self._thread = threading.Thread(target=self.serve_forever, name="test-static-http", daemon=True)
+
+    def gets(self, suffix: str = "") -> int:
+        return sum(1 for m, p, _, _ in list(self.log) if m == "GET" and p.endswith(suffix))
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.shutdown()
+        self.server_close()

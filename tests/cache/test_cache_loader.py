@@ -97,7 +97,7 @@ def test_budget_below_working_set_fails_at_start_with_bytes_needed(tmp_path, dat
     with Loader(ds, 16) as loader, pytest.raises(CacheLimitError) as e:
         next(iter(loader))  # a global batch of 16 touches far more than 3 shards
     assert e.value.needed_bytes > 3 * biggest and f"{e.value.needed_bytes:,}" in str(e.value)
-    with pytest.raises(CacheLimitError, match="below the working set"):  # a shard larger than the whole budget
+    with pytest.raises(CacheLimitError, match="cannot hold one shard"):  # a shard larger than the whole budget
         ShardDataset(dataset, cache_dir=str(tmp_path / "c2"), cache_limit_bytes=biggest // 2)
 
 

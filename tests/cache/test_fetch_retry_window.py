@@ -102,3 +102,31 @@ def test_a_follower_rides_out_a_storm_longer_than_its_tries(tmp_path, monkeypatc
     with RangeServer(str(tmp_path / "srv")) as srv:
         ds = ShardDataset(f"{srv.url}/ds", follow=True, cache_dir=str(tmp_path / "c2"), poll_s=0.02)
         assert ds.cache.fetch.retry_s == 7.0
+
+
+@pytest.mark.timeout(40)
+def test_a_followers_retries_never_outlast_its_idle_timeout(tmp_path, monkeypatch):
+    """A 503 storm that outlasts a follower's idle_timeout_s ends it after about that wait
+    (the idle timeout's error, naming the 503), not after the minute its fetch retries allow."""
+    root = str(tmp_path / "srv" / "ds")
+    os.makedirs(os.path.join(root, LOG_DIR))
+    with ShardWriter(root, append=True, max_shard_samples=4, prefix="w") as w:
+        for i in range(8):
+            w.write({"__key__": f"w-{i:05d}", "cls": i})  # no end_stream: the follower waits for more
+    monkeypatch.delenv("SHARDFEED_FETCH_RETRY_S", raising=False)
+    monkeypatch.setenv("SHARDFEED_FETCH_ATTEMPTS", "2")  # tries end before the window: the window decides
+    idle = 1.5
+    with RangeServer(str(tmp_path / "srv")) as srv:
+        ds = ShardDataset(f"{srv.url}/ds", follow=True, cache_dir=str(tmp_path / "c"), poll_s=0.05,
+                          idle_timeout_s=idle)
+        assert ds.cache.fetch.retry_s == idle
+        with Loader(ds, 4) as loader:
+            it = iter(loader)
+            assert sum(len(next(it)["__key__"]) for _ in range(2)) == 8
+            timer = _storm(srv, "", 60.0)  # every request, from now on
+            t0 = time.monotonic()
+            with pytest.raises(ShardError, match=r"no commit arrived .*503"):
+                next(it)
+            took = time.monotonic() - t0
+            timer.cancel()
+    assert took < idle + 4.0, f"raised {took:.1f} s into the storm, idle_timeout_s={idle:g}"

@@ -5,6 +5,7 @@ each range's body stands in for a loaded or distant source."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -59,3 +60,32 @@ def test_a_batchs_late_ranges_come_at_once_gh22(tmp_path):
                 assert bytes(got["bin"]) == labelled_sample(i * PER_SHARD + 3, PAYLOAD)["bin"]
         finally:
             shards.finish(token)
+
+
+def test_a_failed_late_fetch_waits_for_the_others_before_its_error(tmp_path):
+    """When one shard's late ranges fail, the error reaches the caller (who then releases its
+    pins) only after the batch's other fetches have ended: none is still writing a copy whose pin
+    is gone. Shard 1 is missing at the source (404: fails at once), shards 2-4 answer DELAY s late."""
+    from shardfeed.cache.ranged_reads import RangedShards
+    from shardfeed.formats import ShardError
+
+    root = str(tmp_path / "ds")
+    with ShardWriter(root, max_shard_samples=PER_SHARD) as w:
+        for i in range(SHARDS * PER_SHARD):
+            w.write(labelled_sample(i, PAYLOAD))
+    ix = open_index(root)
+    spec = CacheSpec(str(tmp_path / "c"), int(ix.sizes.sum()) // 3)
+    with RangeServer(root) as srv:
+        shards = RangedShards(ix, spec, lambda i: f"{srv.url}/{ix.names[i]}")
+        ids = np.arange(SHARDS, dtype=np.int64) * PER_SHARD + 3
+        shards.finish(shards.prepare(ids[:1]))
+        os.rename(ix.path(1), ix.path(1) + ".gone")  # its sidecar stays: the range request is the one to fail
+        srv.faults += [Fault(ix.names[i], "stall", times=1, stall_s=DELAY) for i in range(2, SHARDS)]
+        fetcher = shards.policy().fetcher
+        t0 = time.monotonic()
+        with pytest.raises(ShardError, match="not found"):
+            shards.prepare(ids[1:])
+        took = time.monotonic() - t0
+        done = [fetcher.present(shards.ref(i), [3]) for i in range(2, SHARDS)]
+        assert all(done), f"the error came after {took:.2f} s with fetches still running: {done}"
+        assert took >= DELAY * 0.9

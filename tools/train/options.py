@@ -72,8 +72,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
       help="record every sample each rank delivers (Loader(audit=True)), also of a --follow stream (not with "
            "--replay); the records go beside --checkpoint (CHECKPOINT.audit/), for "
            "`shardfeed audit CHECKPOINT.audit/*.json`")
-from shardfeed.tools.byte_sizes import size_option
-from shardfeed.tools.train import metrics
+    metrics.add_arguments(p)  # --tensorboard, --prometheus-port
     a("--trace", default=None, help="folder: each rank appends the keys of every batch it trains on (audits)")
 
 
