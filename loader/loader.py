@@ -115,6 +115,8 @@ class Loader:
             self._cache = LoaderCache(dataset, self.schedule, self.num_workers)
         self._closed = False
         self._gen = 0  # iteration generation: an older iterator stops when a new one starts
+        self._rebalances = 0  # a live iterator that sees this change deals the rest again (rebalance)
+        self._balance_log: list[dict] = []  # the last rebalances and why (stats()["balance"], state_dict())
         # audit=True records what this rank delivered, a bit per sample (audit.py)
         self._audit = None
         if audit:
@@ -179,28 +181,31 @@ class Loader:
         st.start_epoch(self.epoch, fresh=self._pos["step"] == 0)
         st.started = time.perf_counter()
         try:
-            if autotune.pending(self._auto):
-                source = autotune.probed_batches(self, feed)
-            else:
-                source = self._local_batches(feed) if self.num_workers == 0 else self._worker_batches(feed)
-            # the first batch made here (start-up, formats/lazy.py); not one waited for from workers or a
-            # remote fetch, where this process allocates little and the wait may be long
-            if not self._stats.total.batches and self.num_workers == 0 and self._cache is None:
-                source = first_gc_paused(source)
+            source = self._source(feed)
             resumed = time.perf_counter()
-            for item, cols, info in source:
-                t1 = time.perf_counter()
-                batch = materialize(cols, self.pin_memory, self.bytes_as)
-                self._account(info, resumed, t1)
-                if self._audit is not None:
-                    self._audit.record(item)
-                self._pos = item.state
-                if self._cache is not None:
-                    self._cache.moved(self._pos)
-                yield batch
-                resumed = time.perf_counter()
-                if gen != self._gen:
-                    return
+            while True:
+                seen = self._rebalances
+                for item, cols, info in source:
+                    t1 = time.perf_counter()
+                    batch = materialize(cols, self.pin_memory, self.bytes_as)
+                    self._account(info, resumed, t1)
+                    if self._audit is not None:
+                        self._audit.record(item)
+                    self._pos = item.state
+                    if self._cache is not None:
+                        self._cache.moved(self._pos)
+                    yield batch
+                    resumed = time.perf_counter()
+                    if gen != self._gen:
+                        return
+                    if self._rebalances != seen:
+                        break
+                else:
+                    break  # the epoch is complete
+                # rebalanced: what the source read ahead belongs to the old deal; the workers stay
+                source.close()
+                feed.reset(self._pos)
+                source = self._source(feed)
         except BaseException:
             if self._pool is not None and not isinstance(_current_exc(), GeneratorExit):
                 self._shutdown_pool()
@@ -216,6 +221,18 @@ class Loader:
         feed.next_epoch()
         self._pos = feed.get_state()
         self.dataset.set_epoch(feed.epoch)
+
+    def _source(self, feed):
+        """(item, columns, info) of the feed's steps from its position: probed (autotune), made here or by the workers."""
+        if autotune.pending(self._auto):
+            source = autotune.probed_batches(self, feed)
+        else:
+            source = self._local_batches(feed) if self.num_workers == 0 else self._worker_batches(feed)
+        # the first batch made here (start-up, formats/lazy.py); not one waited for from workers or a
+        # remote fetch, where this process allocates little and the wait may be long
+        if not self._stats.total.batches and self.num_workers == 0 and self._cache is None:
+            source = first_gc_paused(source)
+        return source
 
     def _local_batches(self, feed, threads: bool = True):
         """(item, columns, info) made in this process, one step at a time."""
@@ -297,16 +314,54 @@ class Loader:
         """Pids of the running worker processes (empty before the first iteration)."""
         return self._pool.pids() if self._pool is not None else []
 
+    # -- per-rank batch sizes mid-run -------------------------------------
+    def rebalance(self, batch_sizes, why: dict | None = None) -> None:
+        """Per-rank batch sizes from the next batch on (dual-batch training on mixed hardware).
+
+        Every rank calls it with the same list (one int per rank; None: back to the
+        schedule's sizes) after the same number of batches, inside or outside the loop
+        over the loader. The rest of the epoch is dealt again from the consumed position,
+        as an elastic resume deals it: every sample still comes once per epoch (padding
+        at most what fills the last step), every rank still takes the same number of
+        steps, and ``state_dict()`` / ``load_state_dict()`` reproduce the run exactly (on
+        another world size, the new job's own sizes deal the rest). The global batch may
+        change. The sizes hold in later epochs while the schedule stays at this epoch's
+        stage. Workers keep running; the batches they read ahead for the old deal are
+        dropped. ``why``: plain JSON data saying what led to it (a Balancer passes the
+        measurements it agreed on), kept in ``stats()["balance"]`` and in the state.
+        TypeError for a followed stream or a Mixture.
+        """
+        if self._closed:
+            raise RuntimeError("Loader is closed; create a new one (state_dict/load_state_dict to resume)")
+        self.feed.reset(self._pos)  # the feed runs ahead of the consumer while iterating
+        before = self.feed.job().batch_sizes
+        try:
+            self.feed.rebalance(batch_sizes)
+        finally:
+            pos = self._pos
+            self._pos = self.feed.get_state()
+        self._rebalances += 1
+        if self._cache is not None:
+            self._cache.moved(self._pos)
+        self._balance_log.append({"epoch": pos["epoch"], "step": _epoch_step(pos), "from": list(before),
+                                  "batch_sizes": list(self.feed.job().batch_sizes), "why": why})
+        del self._balance_log[:-BALANCE_LOG]
+
     # -- state -----------------------------------------------------------
     def state_dict(self) -> dict:
-        """Where the job stands: ``{"version", "epoch", "step", "feed": the feed's state}`` (small, JSON-able)."""
-        return _state.make(self._pos)
+        """Where the job stands: ``{"version", "epoch", "step", "feed": the feed's state}`` (small, JSON-able),
+        and ``"balance"``: the last rebalances and why, where there were any."""
+        out = _state.make(self._pos)
+        if self._balance_log:
+            out["balance"] = [dict(e) for e in self._balance_log]
+        return out
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state``: exactly, or (another world size or per-rank
         batch sizes) with the samples the saved job had not yet consumed."""
         self._gen += 1  # any live iterator of the old position stops
         self.feed.reset(_state.feed_state(state))
+        self._balance_log = _state.balance_log(state)
         self._pos = self.feed.get_state()
         self.dataset.set_epoch(self.epoch)
 
@@ -325,6 +380,8 @@ class Loader:
         over workers), transfer_s, bytes_read, errors_skipped. Prints as two
         readable lines."""
         snap = self._stats.snapshot()
+        if self._balance_log:  # rebalances: when, from what to what, and the measurements behind them
+            snap["balance"] = [dict(e) for e in self._balance_log]
         if self._auto is not None:  # num_workers or prefetch "auto": what was chosen and why
             snap["autotune"] = {k: dict(v) if isinstance(v, dict) else v for k, v in self._auto.items()}
         return snap
@@ -387,6 +444,15 @@ class MakerFactory:
         plan = self.dataset.unbatched_plan()
         if plan.num_samples:
             plan.positions(0, 1)
+
+
+BALANCE_LOG = 16  # rebalances a Loader keeps (stats and state): enough to see a trend, bounded in size
+
+
+def _epoch_step(pos: dict) -> int:
+    """Steps taken in the epoch of feed state ``pos``, over its elastic history too."""
+    done = sum(max(-(-c // b) for c, b in zip(consumed, sizes)) for _, sizes, consumed in pos.get("history") or ())
+    return done + pos["step"]
 
 
 def _current_exc():

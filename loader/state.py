@@ -11,8 +11,12 @@
                                   # earlier jobs this epoch: [world_size, batch sizes, consumed per rank]
               "dataset": {"samples": N, "shards": S, "order": "global", "seed": 0, "drop_last": false},
                                   # the shuffle and the data's shape
-              "data": {"digest": "9f0c..."}}}
+              "data": {"digest": "9f0c..."},
                                   # the content: xxh3 of the index's shard names, counts, sizes and hashes
+              "balanced": [2, [48, 16]]},  # only after Loader.rebalance: the epoch the sizes were set in
+                                           # and the sizes (they hold while the schedule stays at that stage)
+     "balance": [{"epoch": 2, "step": 40, "from": [32, 32], "batch_sizes": [48, 16], "why": {...}}]}
+                                  # only after rebalances: the last few and what led to them
 
 A follow state names its stream instead (``"data": {"stream": ...}``: a digest
 of the first shard ever published, None before one is), a mixture each
@@ -60,6 +64,14 @@ def stream_identity(name: str, content_hash: str) -> str:
     """A growing dataset's identity: a digest of its first published shard (its name
     carries the writer's time and pid, its hash the bytes), which never changes."""
     return xxhash.xxh3_64_hexdigest(f"{name}\0{content_hash}".encode())
+
+
+def balance_log(state: dict) -> list[dict]:
+    """The rebalances a Loader state records (``"balance"``: a list of dicts; none when absent)."""
+    log = state.get("balance", [])
+    if not isinstance(log, list) or not all(isinstance(e, dict) for e in log):
+        raise ValueError(f"state['balance']={log!r} must be a list of dicts, as Loader.state_dict() writes it")
+    return [dict(e) for e in log]
 
 
 def feed_state(state: dict) -> dict:
