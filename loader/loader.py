@@ -115,8 +115,7 @@ class Loader:
             self._cache = LoaderCache(dataset, self.schedule, self.num_workers)
         self._closed = False
         self._gen = 0  # iteration generation: an older iterator stops when a new one starts
-        self._rebalances = 0  # a live iterator that sees this change deals the rest again (rebalance)
-        self._balance_log: list[dict] = []  # the last rebalances and why (stats()["balance"], state_dict())
+        self._rebalances, self._balance_log = 0, None  # rebalances and their log (balance.py)
         # audit=True records what this rank delivered, a bit per sample (audit.py)
         self._audit = None
         if audit:
@@ -181,31 +180,23 @@ class Loader:
         st.start_epoch(self.epoch, fresh=self._pos["step"] == 0)
         st.started = time.perf_counter()
         try:
-            source = self._source(feed)
+            from shardfeed.loader.balance import redealt  # made again from the consumer's step on a rebalance
+
+            source = redealt(self, feed, self._source)
             resumed = time.perf_counter()
-            while True:
-                seen = self._rebalances
-                for item, cols, info in source:
-                    t1 = time.perf_counter()
-                    batch = materialize(cols, self.pin_memory, self.bytes_as)
-                    self._account(info, resumed, t1)
-                    if self._audit is not None:
-                        self._audit.record(item)
-                    self._pos = item.state
-                    if self._cache is not None:
-                        self._cache.moved(self._pos)
-                    yield batch
-                    resumed = time.perf_counter()
-                    if gen != self._gen:
-                        return
-                    if self._rebalances != seen:
-                        break
-                else:
-                    break  # the epoch is complete
-                # rebalanced: what the source read ahead belongs to the old deal; the workers stay
-                source.close()
-                feed.reset(self._pos)
-                source = self._source(feed)
+            for item, cols, info in source:
+                t1 = time.perf_counter()
+                batch = materialize(cols, self.pin_memory, self.bytes_as)
+                self._account(info, resumed, t1)
+                if self._audit is not None:
+                    self._audit.record(item)
+                self._pos = item.state
+                if self._cache is not None:
+                    self._cache.moved(self._pos)
+                yield batch
+                resumed = time.perf_counter()
+                if gen != self._gen:
+                    return
         except BaseException:
             if self._pool is not None and not isinstance(_current_exc(), GeneratorExit):
                 self._shutdown_pool()
@@ -298,7 +289,7 @@ class Loader:
 
     def _start_pool(self) -> WorkerPool:
         if self._pool is None:
-            from shardfeed.loader.workers import WorkerPool
+            from shardfeed.loader.workers import MakerFactory, WorkerPool
 
             self._pool = WorkerPool(self.num_workers, MakerFactory(self.dataset, self.collate_fn, self.num_workers),
                                     slots=self.prefetch,
@@ -314,54 +305,38 @@ class Loader:
         """Pids of the running worker processes (empty before the first iteration)."""
         return self._pool.pids() if self._pool is not None else []
 
-    # -- per-rank batch sizes mid-run -------------------------------------
+    # -- per-rank batch sizes mid-run (balance.py) ------------------------
     def rebalance(self, batch_sizes, why: dict | None = None) -> None:
-        """Per-rank batch sizes from the next batch on (dual-batch training on mixed hardware).
+        """Per-rank batch sizes from the next batch on: every rank passes the same list after the same
+        number of batches (None: the schedule's again); the rest of the epoch is dealt again as an
+        elastic resume deals it (balance.rebalance). ``why``: JSON data kept in stats()["balance"] and the state."""
+        from shardfeed.loader.balance import rebalance
 
-        Every rank calls it with the same list (one int per rank; None: back to the
-        schedule's sizes) after the same number of batches, inside or outside the loop
-        over the loader. The rest of the epoch is dealt again from the consumed position,
-        as an elastic resume deals it: every sample still comes once per epoch (padding
-        at most what fills the last step), every rank still takes the same number of
-        steps, and ``state_dict()`` / ``load_state_dict()`` reproduce the run exactly (on
-        another world size, the new job's own sizes deal the rest). The global batch may
-        change. The sizes hold in later epochs while the schedule stays at this epoch's
-        stage. Workers keep running; the batches they read ahead for the old deal are
-        dropped. ``why``: plain JSON data saying what led to it (a Balancer passes the
-        measurements it agreed on), kept in ``stats()["balance"]`` and in the state.
-        TypeError for a followed stream or a Mixture.
-        """
-        if self._closed:
-            raise RuntimeError("Loader is closed; create a new one (state_dict/load_state_dict to resume)")
-        self.feed.reset(self._pos)  # the feed runs ahead of the consumer while iterating
-        before = self.feed.job().batch_sizes
-        try:
-            self.feed.rebalance(batch_sizes)
-        finally:
-            pos = self._pos
-            self._pos = self.feed.get_state()
-        self._rebalances += 1
-        if self._cache is not None:
-            self._cache.moved(self._pos)
-        self._balance_log.append({"epoch": pos["epoch"], "step": _epoch_step(pos), "from": list(before),
-                                  "batch_sizes": list(self.feed.job().batch_sizes), "why": why})
-        del self._balance_log[:-BALANCE_LOG]
+        rebalance(self, batch_sizes, why)
+
+    def batch_sizes(self) -> tuple[int, ...]:
+        """The per-rank batch sizes in force now (the stage's, or a rebalance's)."""
+        return self.feed.job(self.epoch).batch_sizes
+
+    def data_wait_s(self) -> float:
+        """Seconds the consumer waited for batches over the Loader's life (``stats()["wait_s"]``, cheaply)."""
+        return self._stats.total.wait_s
 
     # -- state -----------------------------------------------------------
     def state_dict(self) -> dict:
         """Where the job stands: ``{"version", "epoch", "step", "feed": the feed's state}`` (small, JSON-able),
         and ``"balance"``: the last rebalances and why, where there were any."""
-        out = _state.make(self._pos)
-        if self._balance_log:
-            out["balance"] = [dict(e) for e in self._balance_log]
-        return out
+        return _state.make(self._pos) | ({"balance": self._balance_log.state()} if self._balance_log else {})
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state``: exactly, or (another world size or per-rank
         batch sizes) with the samples the saved job had not yet consumed."""
         self._gen += 1  # any live iterator of the old position stops
         self.feed.reset(_state.feed_state(state))
-        self._balance_log = _state.balance_log(state)
+        if "balance" in state or self._balance_log:
+            from shardfeed.loader.balance import BalanceLog
+
+            self._balance_log = BalanceLog.of(state)
         self._pos = self.feed.get_state()
         self.dataset.set_epoch(self.epoch)
 
@@ -381,7 +356,7 @@ class Loader:
         readable lines."""
         snap = self._stats.snapshot()
         if self._balance_log:  # rebalances: when, from what to what, and the measurements behind them
-            snap["balance"] = [dict(e) for e in self._balance_log]
+            snap["balance"] = self._balance_log.state()
         if self._auto is not None:  # num_workers or prefetch "auto": what was chosen and why
             snap["autotune"] = {k: dict(v) if isinstance(v, dict) else v for k, v in self._auto.items()}
         return snap
@@ -412,47 +387,6 @@ class Loader:
     def __repr__(self) -> str:
         return (f"Loader({self.dataset!r}, schedule={self.schedule!r}, num_workers={self.num_workers}, "
                 f"epoch={self.epoch}, step={self._pos['step']})")
-
-
-class MakerFactory:
-    """Builds a worker's BatchMaker; a plain picklable object (not a closure)
-    so workers can be spawned as well as forked."""
-
-    def __init__(self, dataset: ShardDataset, collate_fn: Callable | None, readers: int = 1):
-        self.dataset, self.collate_fn, self.readers = dataset, collate_fn, readers
-
-    def __call__(self):
-        if self.readers > 1:  # siblings decode each Parquet row group once between them
-            from shardfeed.formats.engine.group_share import share_in_this_process
-
-            share_in_this_process()
-        if getattr(self.dataset, "cache", None) is not None:  # sizes what each reader keeps pinned
-            return self.dataset.maker(self.collate_fn, readers=self.readers)
-        maker = self.dataset.maker(self.collate_fn)
-        if hasattr(maker, "stride"):
-            maker.stride = self.readers  # a worker reads every num_workers-th batch
-        return maker
-
-    def warm(self, maker) -> None:
-        """Load the jitted gather and this order's permutation before the
-        first task: a fresh worker otherwise spends ~1 s of its first batch
-        loading them from numba's cache, and the batches of the worker that
-        starts second wait behind that on the consumer's path."""
-        maker.reader.warm()
-        if getattr(self.dataset, "follow", False):
-            return  # a stream has no fixed plan to warm
-        plan = self.dataset.unbatched_plan()
-        if plan.num_samples:
-            plan.positions(0, 1)
-
-
-BALANCE_LOG = 16  # rebalances a Loader keeps (stats and state): enough to see a trend, bounded in size
-
-
-def _epoch_step(pos: dict) -> int:
-    """Steps taken in the epoch of feed state ``pos``, over its elastic history too."""
-    done = sum(max(-(-c // b) for c, b in zip(consumed, sizes)) for _, sizes, consumed in pos.get("history") or ())
-    return done + pos["step"]
 
 
 def _current_exc():

@@ -66,14 +66,6 @@ def stream_identity(name: str, content_hash: str) -> str:
     return xxhash.xxh3_64_hexdigest(f"{name}\0{content_hash}".encode())
 
 
-def balance_log(state: dict) -> list[dict]:
-    """The rebalances a Loader state records (``"balance"``: a list of dicts; none when absent)."""
-    log = state.get("balance", [])
-    if not isinstance(log, list) or not all(isinstance(e, dict) for e in log):
-        raise ValueError(f"state['balance']={log!r} must be a list of dicts, as Loader.state_dict() writes it")
-    return [dict(e) for e in log]
-
-
 def feed_state(state: dict) -> dict:
     """The feed's state inside a Loader state (of this version or version 1)."""
     if not isinstance(state, dict):
