@@ -8,6 +8,7 @@ import re
 
 from shardfeed.loader import BatchSchedule, Stage
 from shardfeed.tools.byte_sizes import parse_size
+from shardfeed.tools.train import balancing
 from shardfeed.tools.train.model import IMAGE_EXTS, image_field
 
 ORDERS = ("none", "shard", "block", "global")
@@ -60,6 +61,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
            "--replay); the records go beside --checkpoint (CHECKPOINT.audit/), for "
            "`shardfeed audit CHECKPOINT.audit/*.json`")
     a("--trace", default=None, help="folder: each rank appends the keys of every batch it trains on (audits)")
+    balancing.add_arguments(p)
 
 
 def parse_batch(text: str, where: str = "--batch-size") -> int | tuple[int, ...]:
@@ -121,6 +123,7 @@ def check_options(args) -> None:
         if isinstance(stage.batch_size, tuple) and len(stage.batch_size) != world:
             raise ValueError(f"batch sizes {','.join(map(str, stage.batch_size))} name {len(stage.batch_size)} ranks "
                              f"but the job has {world}; give one batch size per rank (or one for all)")
+    balancing.check_arguments(args, world)
     if args.cache_limit is not None:
         parse_size(args.cache_limit)
         if args.cache_dir is None:
