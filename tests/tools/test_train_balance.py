@@ -48,7 +48,7 @@ def test_balanced_sizes_converge_towards_the_speed_ratio(runs):
     # rank 1 does 3x the work per step: a quarter of the global batch (8) or less, as its fixed
     # per-step work (large beside 16-px images) is 3x too; the sizes move one way only
     assert 2 <= last[1] <= 9, changes
-    assert all(int(b) < int(a) for a, _, _, b in [(c[1], c[0], c[2], c[3]) for c in changes]), changes
+    assert all(int(to1) < int(from1) for _, from1, _, to1 in changes), changes
 
 
 @pytest.mark.slow
