@@ -238,9 +238,15 @@ class EpochFeed(Feed):
         return AuditSources([self.name], [self.spec.num_samples])
 
     def audit_expect(self, item: WorkItem) -> dict:
+        """The whole epoch's samples (a re-planned plan holds only the rest), and the padding every
+        job of the epoch's history may have repeated (its deal's padding, a bound) besides the last one's."""
         plan = item.plan
-        unique = plan.total_samples - plan.dropped
-        return {"delivered": [unique], "unique": [unique], "padded": plan.padded}
+        unique = self.spec.num_samples - plan.dropped
+        padded = plan.padded
+        hist = tuple((Job(w, tuple(b), self.ranks_per_node), tuple(c)) for w, b, c in item.state.get("history") or ())
+        for i, (job, _) in enumerate(hist):
+            padded += self.spec.plan(item.epoch, job, 0, hist[:i]).padded
+        return {"delivered": [unique], "unique": [unique], "padded": padded}
 
     def __repr__(self) -> str:
         return (f"EpochFeed(rank={self.rank}/{self.world_size}, epoch={self.epoch}, step={self.step}, "

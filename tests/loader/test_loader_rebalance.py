@@ -223,3 +223,18 @@ def test_a_damaged_saved_rebalance_is_refused(make_dataset):
         with pytest.raises(ValueError, match="balanced"):
             Loader(ShardDataset(root, rank=0, world_size=2), [8, 8]).load_state_dict(broken)
     ld.close()
+
+
+def test_the_audit_of_a_rebalanced_epoch_passes(make_dataset, tmp_path, capsys):
+    """``shardfeed audit`` judges an epoch rebalanced twice by the whole epoch (not the rest the last
+    plan holds) and the padding of every job it had."""
+    from shardfeed.loader import audit
+    from shardfeed.tools.cli import main as cli
+
+    root = make_dataset(N, shard_samples=20)
+    lds = [Loader(ShardDataset(root, rank=r, world_size=2, seed=3), [8, 8], audit=True) for r in range(2)]
+    lockstep(lds, {2: [12, 4], 5: [3, 9]})
+    paths = [audit.save(ld.audit_state(), tmp_path / f"r{r}.json") for r, ld in enumerate(lds)]
+    assert cli(["audit", *paths]) == 0, capsys.readouterr().out
+    assert audit.load(paths[0])["epochs"]["0"]["expect"]["unique"] == [N]
+    close(lds)
