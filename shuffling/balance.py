@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 DEFAULT_THRESHOLD = 0.05  # a predicted step time this much shorter is worth a re-deal
-SLOPE_TRUST = 0.1  # a fitted a with a larger relative standard error is not used (proportional instead)
+SLOPE_TRUST = 0.25  # a fitted a with a larger relative standard error is not used (proportional instead)
 
 
 class Proposal(NamedTuple):
@@ -104,23 +104,25 @@ def _median(v: list[float]) -> float:
 def recent_points(intervals: Sequence[Sequence[tuple[int, float]]], sizes: int = 3,
                   changed: float = 0.25) -> list[tuple[int, float]]:
     """The measurements of one rank to fit, from its intervals (oldest first; each a list of
-    (batch size, seconds)): the newest interval at each of the last ``sizes`` batch sizes it
-    ran, so the fit sees sizes apart (a and c apart) once the rank has run several. An older
-    size whose prediction of the newest interval's median time is off by more than
-    ``changed`` (a share) marks a change of the rank's speed: nothing before the newest
-    interval is kept then."""
+    (batch size, seconds) at one batch size): the newest interval at each of the last ``sizes``
+    batch sizes it ran, so the fit sees sizes apart (a and c apart) once the rank has run
+    several. A change of the rank's speed drops everything before the newest interval: an
+    older size whose median time no cost model ``a*b + c`` (a, c >= 0) joins to the newest
+    one's, within ``changed`` (a share): a smaller batch took longer, or a larger one more than
+    proportionally longer."""
     newest = [p for p in intervals[-1]] if intervals else []
     if not newest:
         return []
-    kept: dict[int, list] = {newest[0][0]: newest}
+    b_new = newest[0][0]
+    kept: dict[int, list] = {b_new: newest}
     for iv in reversed(intervals[:-1]):
         if iv and iv[0][0] not in kept and len(kept) < sizes:
             kept[iv[0][0]] = list(iv)
-    older = [p for b, pts in kept.items() if b != newest[0][0] for p in pts]
-    if older:
-        a, c = fit_rank(older)
-        seen = _median([t for _, t in newest])
-        if seen > 0 and abs(a * newest[0][0] + c - seen) > changed * seen:
+    t_new = _median([t for _, t in newest])
+    for b, pts in kept.items():
+        t = _median([x for _, x in pts])
+        r = b_new / b
+        if not t * min(1.0, r) / (1 + changed) <= t_new <= t * max(1.0, r) * (1 + changed):
             return newest
     return [p for pts in kept.values() for p in pts]
 
