@@ -26,7 +26,7 @@ import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
-DEFAULT_THRESHOLD = 0.05  # a predicted step time this much shorter is worth a re-deal
+DEFAULT_THRESHOLD = 0.02  # a predicted step time this much shorter is worth a re-deal
 SLOPE_TRUST = 0.25  # a fitted a with a larger relative standard error is not used (proportional instead)
 
 

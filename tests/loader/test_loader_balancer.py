@@ -91,7 +91,7 @@ def test_balancer_measures_compute_time_itself(make_dataset, workers):
     """No times passed: each rank sleeps per sample (rank 1 three times as long) and the balancer
     measures the time between steps less the loader's data wait."""
     root = make_dataset(N, shard_samples=50)
-    per_sample = [0.0002, 0.0006]
+    per_sample = [0.0005, 0.0015]
 
     def work(r, b, bal):
         time.sleep(per_sample[r] * len(b["__key__"]))
@@ -99,7 +99,7 @@ def test_balancer_measures_compute_time_itself(make_dataset, workers):
     out = run_ranks(root, 2, work, epochs=1, every=5, workers=workers)
     sizes = out[0][3].loader.batch_sizes()
     assert sizes == out[1][3].loader.batch_sizes()
-    assert 22 <= sizes[0] <= 26, out[0][2]["balance"]
+    assert 20 <= sizes[0] <= 28, out[0][2]["balance"]  # 24: a 3x ratio (sleeps overshoot on a busy machine)
     keys = out[0][0][0] + out[1][0][0]
     assert set(keys) == {f"{i:08d}" for i in range(N)}
 

@@ -91,3 +91,16 @@ def test_slow_rank_option_is_checked():
     for bad in ("2:3", "1:0", "1", "a:b"):
         with pytest.raises(ValueError, match="--slow-rank"):
             parse_slow_rank(bad, 2)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_bench_balance_writes_its_tables(tmp_path):
+    """`shardfeed bench balance` end to end on a tiny run: both tables, the moved slowdown line."""
+    got = subprocess.run([EXE, "bench", "balance", "--factors", "3", "--steps", "16", "--warmup", "2", "--every", "4",
+                          "--rounds", "1", "--batch", "64", "--sweep-step", "16", "--hidden", "64",
+                          "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert got.returncode == 0, got.stderr[-3000:]
+    text = (tmp_path / "balance.md").read_text()
+    assert "| 3x |" in text and "compute-bound samples/s" in text and "wall samples/s" in text
+    assert re.search(r"static \d+,\d+|\(\d+,\d+\)", text) and "moved from rank 1 to rank 0 at step 16" in text
