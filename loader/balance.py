@@ -51,6 +51,11 @@ class BalanceLog:
         del self.entries[:-LOG_ENTRIES]
 
     def state(self) -> list[dict]:
+        """For a state dict: every entry's sizes, and the measurements (``why``) of the newest only, so
+        the state stays small for a job of many ranks (``stats()`` has them all)."""
+        return [dict(e) if i == len(self.entries) - 1 else {**e, "why": None} for i, e in enumerate(self.entries)]
+
+    def all(self) -> list[dict]:
         return [dict(e) for e in self.entries]
 
     def __bool__(self) -> bool:

@@ -356,7 +356,7 @@ class Loader:
         readable lines."""
         snap = self._stats.snapshot()
         if self._balance_log:  # rebalances: when, from what to what, and the measurements behind them
-            snap["balance"] = self._balance_log.state()
+            snap["balance"] = self._balance_log.all()
         if self._auto is not None:  # num_workers or prefetch "auto": what was chosen and why
             snap["autotune"] = {k: dict(v) if isinstance(v, dict) else v for k, v in self._auto.items()}
         return snap

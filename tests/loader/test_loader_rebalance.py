@@ -238,3 +238,25 @@ def test_the_audit_of_a_rebalanced_epoch_passes(make_dataset, tmp_path, capsys):
     assert cli(["audit", *paths]) == 0, capsys.readouterr().out
     assert audit.load(paths[0])["epochs"]["0"]["expect"]["unique"] == [N]
     close(lds)
+
+
+def test_the_state_keeps_the_last_rebalances_and_why_the_newest_was_made(make_dataset):
+    root = make_dataset(N, shard_samples=20)
+    ld = Loader(ShardDataset(root), 8)
+    it = iter(ld)
+    next(it)
+    ld.rebalance([6], why={"n": 1})
+    next(it)
+    ld.rebalance([10], why={"n": 2})
+    log = ld.state_dict()["balance"]
+    assert [(e["step"], e["from"], e["batch_sizes"]) for e in log] == [(1, [8], [6]), (2, [6], [10])]
+    assert log[0]["why"] is None and log[1]["why"] == {"n": 2}  # measurements of the newest only
+    assert [e["why"] for e in ld.stats()["balance"]] == [{"n": 1}, {"n": 2}]
+    for _ in range(20):
+        ld.rebalance([8 + len(ld.stats()["balance"]) % 3])
+    assert len(ld.state_dict()["balance"]) == 16
+    again = Loader(ShardDataset(root), 8)
+    again.load_state_dict(json.loads(json.dumps(ld.state_dict())))
+    assert again.stats()["balance"] == ld.state_dict()["balance"] and again.batch_sizes() == ld.batch_sizes()
+    ld.close()
+    again.close()
