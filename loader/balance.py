@@ -106,24 +106,26 @@ class Balancer:
         self._points: list[tuple[int, float]] = []  # this interval's (batch size, compute s)
         self._history: list[list] = [[] for _ in range(self.world_size)]  # per rank, its last intervals
         self._stage = None
-        self._last: tuple[float, float] | None = None  # (time, loader's total data wait) at the last step()
+        self._last: tuple | None = None  # (time, loader's samples, loader's data wait) at the last step()
         self.steps = self.agreements = 0
 
     def step(self, compute_s: float | None = None) -> bool:
         """One training step done. Measures its compute time (or takes ``compute_s``, e.g. one the
         trainer timed with device synchronisation) and, every ``every`` steps, agrees with the other
         ranks and rebalances; True when it rebalanced. Every rank calls it at every step."""
-        now, wait = time.perf_counter(), self.loader.data_wait_s()
+        now, (samples, wait) = time.perf_counter(), self.loader.progress()
         if compute_s is None and self._last is not None:
-            compute_s = (now - self._last[0]) - (wait - self._last[1])
-        self._last = (now, wait)
-        if compute_s is not None:
-            self._points.append((self.loader.batch_sizes()[self.rank], max(0.0, float(compute_s))))
+            compute_s = (now - self._last[0]) - (wait - self._last[2])
+        # the samples this step took (an epoch's last batch may be short of the batch size)
+        taken = samples - self._last[1] if self._last is not None else self.loader.batch_sizes()[self.rank]
+        self._last = (now, samples, wait)
+        if compute_s is not None and taken > 0:
+            self._points.append((taken, max(0.0, float(compute_s))))
         self.steps += 1
         if self.steps % self.every:
             return False
         changed = self._agree()
-        self._last = (time.perf_counter(), self.loader.data_wait_s())  # the agreement is not a step's compute
+        self._last = (time.perf_counter(), *self.loader.progress())  # the agreement is not a step's compute
         return changed
 
     def _agree(self) -> bool:

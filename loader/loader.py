@@ -318,9 +318,9 @@ class Loader:
         """The per-rank batch sizes in force now (the stage's, or a rebalance's)."""
         return self.feed.job(self.epoch).batch_sizes
 
-    def data_wait_s(self) -> float:
-        """Seconds the consumer waited for batches over the Loader's life (``stats()["wait_s"]``, cheaply)."""
-        return self._stats.total.wait_s
+    def progress(self) -> tuple[int, float]:
+        """(samples delivered, seconds the consumer waited for them) over the Loader's life, cheaply."""
+        return self._stats.total.samples, self._stats.total.wait_s
 
     # -- state -----------------------------------------------------------
     def state_dict(self) -> dict:

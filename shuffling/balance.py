@@ -104,7 +104,7 @@ def _median(v: list[float]) -> float:
 def recent_points(intervals: Sequence[Sequence[tuple[int, float]]], sizes: int = 3,
                   changed: float = 0.25) -> list[tuple[int, float]]:
     """The measurements of one rank to fit, from its intervals (oldest first; each a list of
-    (batch size, seconds) at one batch size): the newest interval at each of the last ``sizes``
+    (batch size, seconds), at one batch size but for a short last batch of an epoch): the newest interval at each of the last ``sizes``
     batch sizes it ran, so the fit sees sizes apart (a and c apart) once the rank has run
     several. A change of the rank's speed drops everything before the newest interval: an
     older size whose median time no cost model ``a*b + c`` (a, c >= 0) joins to the newest
@@ -113,11 +113,11 @@ def recent_points(intervals: Sequence[Sequence[tuple[int, float]]], sizes: int =
     newest = [p for p in intervals[-1]] if intervals else []
     if not newest:
         return []
-    b_new = newest[0][0]
+    b_new = _size_of(newest)
     kept: dict[int, list] = {b_new: newest}
     for iv in reversed(intervals[:-1]):
-        if iv and iv[0][0] not in kept and len(kept) < sizes:
-            kept[iv[0][0]] = list(iv)
+        if iv and _size_of(iv) not in kept and len(kept) < sizes:
+            kept[_size_of(iv)] = list(iv)
     t_new = _median([t for _, t in newest])
     for b, pts in kept.items():
         t = _median([x for _, x in pts])
@@ -125,6 +125,14 @@ def recent_points(intervals: Sequence[Sequence[tuple[int, float]]], sizes: int =
         if not t * min(1.0, r) / (1 + changed) <= t_new <= t * max(1.0, r) * (1 + changed):
             return newest
     return [p for pts in kept.values() for p in pts]
+
+
+def _size_of(interval) -> int:
+    """The batch size an interval ran at: its most frequent (an epoch's last batch may be short)."""
+    counts: dict[int, int] = {}
+    for b, _ in interval:
+        counts[b] = counts.get(b, 0) + 1
+    return max(counts, key=lambda b: (counts[b], b))
 
 
 def _noise(points) -> float:

@@ -167,3 +167,31 @@ def test_time_waiting_for_data_is_not_taken_for_compute(make_dataset):
     for t in threads:
         t.join(60)
     assert sizes == [(16, 16), (16, 16)]
+
+
+def test_a_stage_change_starts_the_measurements_anew_within_its_own_global_batch(make_dataset):
+    """Cyclic progressive training: the balancer splits each stage's global batch; a new stage
+    starts from its own sizes and is measured anew (also when the cycle comes back)."""
+    from shardfeed.loader import BatchSchedule, Stage
+
+    root = make_dataset(N, shard_samples=50)
+    sched = BatchSchedule([Stage([16, 16], image_size=8), Stage([8, 8], image_size=16)], cycle=True)
+    gather = ThreadGather(2)
+    seen = [[], []]
+
+    def rank_main(r):
+        with Loader(ShardDataset(root, rank=r, world_size=2, seed=1), sched) as ld:
+            bal = Balancer(ld, every=4, gather=gather.of(r))
+            for epoch in range(3):
+                ld.set_epoch(epoch)
+                first = ld.batch_sizes()
+                for b in ld:
+                    bal.step(compute_s=(0.001, 0.003)[r] * len(b["__key__"]))
+                seen[r].append((first, ld.feed.job(epoch).batch_sizes))
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert seen[0] == seen[1]
+    assert seen[0] == [((16, 16), (24, 8)), ((8, 8), (12, 4)), ((16, 16), (24, 8))], seen[0]
