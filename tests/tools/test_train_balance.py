@@ -104,3 +104,25 @@ def test_bench_balance_writes_its_tables(tmp_path):
     text = (tmp_path / "balance.md").read_text()
     assert "| 3x |" in text and "compute-bound samples/s" in text and "wall samples/s" in text
     assert re.search(r"static \d+,\d+|\(\d+,\d+\)", text) and "moved from rank 1 to rank 0 at step 16" in text
+
+
+def test_the_demo_balance_phase_reports_both_runs(tmp_path):
+    """demo_balance runs equal, then --balance, with rank 1 slowed, and reads their summaries (the runs
+    stand in here: the whole demo runs them for real)."""
+    from argparse import Namespace
+
+    from shardfeed.tools.train.demo_balance import balance_phase
+
+    cmds = []
+
+    def run(cmd, tag):
+        cmds.append(cmd)
+        if "--balance" in cmd:
+            return 0, "balance: step 10: batch sizes 32,32 -> 46,18 (...)\nsummary: 16 steps (395 samples/s), x"
+        return 0, "summary: 16 steps, 1,000 samples in 6.3s (160 samples/s), x"
+    line = balance_phase(Namespace(batch_size=32), lambda args, data, *extra: ["train", data, *extra], run,
+                         "data", str(tmp_path))
+    assert all("--slow-rank" in c and c[c.index("--slow-rank") + 1] == "1:3" for c in cmds) and len(cmds) == 2
+    assert line.startswith("one rank 3x slower (simulated): 160 samples/s at equal sizes 32,32, 395 with --balance "
+                           "(sizes 46,18): 2.47x")
+    assert balance_phase(Namespace(batch_size=32), lambda *a: [], lambda cmd, tag: (1, ""), "d", "o") is None
