@@ -93,6 +93,10 @@ class Balancer:
     improve by (beyond the measurements' own noise) before the sizes change. gather: ``obj ->
     list of every rank's obj`` (default: torch.distributed.all_gather_object). The global batch
     is the one in force (the stage's, or a rebalance's): the balancer only re-splits it.
+
+    Under DDP pass ``step(compute_s=timer.take())`` from a ``step_timer.ComputeTimer``: the
+    gradient all-reduce makes the wall time between batches the slowest rank's on every rank,
+    so measured that way all ranks look alike and nothing changes.
     """
 
     def __init__(self, loader, every: int = 50, *, min_batch=1, max_batch=None, multiple: int = 1,
