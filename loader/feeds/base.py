@@ -162,10 +162,9 @@ class Feed(ABC):
     def _restore_balanced(self, saved) -> None:
         """A saved rebalance holds again on the same world size; on another one the new job's
         own sizes deal the rest (an elastic resume), and a balancer measures anew."""
-        if saved is None or len(saved[1]) != self.world_size:
-            self._set_balanced(None, None)
-        else:
-            self._set_balanced(saved[0], tuple(saved[1]))
+        want = None if saved is None or len(saved[1]) != self.world_size else (saved[0], tuple(saved[1]))
+        if want != (self._balanced[:2] if self._balanced else None):  # a reset per step (the cache's) keeps its caches
+            self._set_balanced(*(want or (None, None)))
 
     def rebalance(self, batch_sizes) -> None:
         """New per-rank batch sizes from the current position on (None: the schedule's again).
