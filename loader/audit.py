@@ -105,6 +105,7 @@ class AuditRecorder:
         self.names, self.sizes, self._split = list(src.names), list(src.sizes), src.split
         self.stream = src.stream  # the followed source (its bitmap grows; its expectation is the consumed prefix)
         self.epochs: dict[int, dict] = {}
+        self._plan = None  # the plan the expectation was last taken from
 
     def _epoch(self, item) -> dict:
         e = item.epoch
@@ -117,6 +118,9 @@ class AuditRecorder:
 
     def record(self, item) -> None:
         rec = self._epoch(item)
+        if item.plan is not self._plan and self.stream is None:  # a rebalance dealt the rest again
+            self._plan = item.plan
+            rec["expect"] = self.feed.audit_expect(item)
         ids = np.asarray(item.ids(), np.int64)
         if self.stream is not None and item.step >= rec["last_step"]:
             rec["expect"] = self.feed.audit_expect(item)

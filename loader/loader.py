@@ -117,6 +117,7 @@ class Loader:
             self._stats.sample_bytes = int(index.num_bytes) / max(1, int(index.num_samples))
         self._closed = False
         self._gen = 0  # iteration generation: an older iterator stops when a new one starts
+        self._rebalances, self._balance_log = 0, None  # rebalances and their log (balance.py)
         # audit=True records what this rank delivered, a bit per sample (audit.py)
         self._audit = None
         if audit:
@@ -184,14 +185,9 @@ class Loader:
             st.errors_skipped += self.policy.left_out  # shards or samples left out when the index was made
         st.started = time.perf_counter()
         try:
-            if autotune.pending(self._auto):
-                source = autotune.probed_batches(self, feed)
-            else:
-                source = self._local_batches(feed) if self.num_workers == 0 else self._worker_batches(feed)
-            # the first batch made here (start-up, formats/lazy.py); not one waited for from workers or a
-            # remote fetch, where this process allocates little and the wait may be long
-            if not self._stats.total.batches and self.num_workers == 0 and self._cache is None:
-                source = first_gc_paused(source)
+            from shardfeed.loader.balance import redealt  # made again from the consumer's step on a rebalance
+
+            source = redealt(self, feed, self._source)
             resumed = time.perf_counter()
             for item, cols, info in source:
                 t1 = time.perf_counter()
@@ -224,6 +220,18 @@ class Loader:
         feed.next_epoch()
         self._pos = feed.get_state()
         self.dataset.set_epoch(feed.epoch)
+
+    def _source(self, feed):
+        """(item, columns, info) of the feed's steps from its position: probed (autotune), made here or by the workers."""
+        if autotune.pending(self._auto):
+            source = autotune.probed_batches(self, feed)
+        else:
+            source = self._local_batches(feed) if self.num_workers == 0 else self._worker_batches(feed)
+        # the first batch made here (start-up, formats/lazy.py); not one waited for from workers or a
+        # remote fetch, where this process allocates little and the wait may be long
+        if not self._stats.total.batches and self.num_workers == 0 and self._cache is None:
+            source = first_gc_paused(source)
+        return source
 
     def _local_batches(self, feed, threads: bool = True):
         """(item, columns, info) made in this process, one step at a time."""
@@ -289,7 +297,7 @@ class Loader:
 
     def _start_pool(self) -> WorkerPool:
         if self._pool is None:
-            from shardfeed.loader.workers import WorkerPool
+            from shardfeed.loader.workers import MakerFactory, WorkerPool
 
             self._pool = WorkerPool(self.num_workers, MakerFactory(self.dataset, self.collate_fn, self.num_workers),
                                     slots=self.prefetch,
@@ -305,16 +313,38 @@ class Loader:
         """Pids of the running worker processes (empty before the first iteration)."""
         return self._pool.pids() if self._pool is not None else []
 
+    # -- per-rank batch sizes mid-run (balance.py) ------------------------
+    def rebalance(self, batch_sizes, why: dict | None = None) -> None:
+        """Per-rank batch sizes from the next batch on: every rank passes the same list after the same
+        number of batches (None: the schedule's again); the rest of the epoch is dealt again as an
+        elastic resume deals it (balance.rebalance). ``why``: JSON data kept in stats()["balance"] and the state."""
+        from shardfeed.loader.balance import rebalance
+
+        rebalance(self, batch_sizes, why)
+
+    def batch_sizes(self) -> tuple[int, ...]:
+        """The per-rank batch sizes in force now (the stage's, or a rebalance's)."""
+        return self.feed.job(self.epoch).batch_sizes
+
+    def progress(self) -> tuple[int, float]:
+        """(samples delivered, seconds the consumer waited for them) over the Loader's life, cheaply."""
+        return self._stats.total.samples, self._stats.total.wait_s
+
     # -- state -----------------------------------------------------------
     def state_dict(self) -> dict:
-        """Where the job stands: ``{"version", "epoch", "step", "feed": the feed's state}`` (small, JSON-able)."""
-        return _state.make(self._pos)
+        """Where the job stands: ``{"version", "epoch", "step", "feed": the feed's state}`` (small, JSON-able),
+        and ``"balance"``: the last rebalances and why, where there were any."""
+        return _state.make(self._pos) | ({"balance": self._balance_log.state()} if self._balance_log else {})
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state``: exactly, or (another world size or per-rank
         batch sizes) with the samples the saved job had not yet consumed."""
         self._gen += 1  # any live iterator of the old position stops
         self.feed.reset(_state.feed_state(state))
+        if "balance" in state or self._balance_log:
+            from shardfeed.loader.balance import BalanceLog
+
+            self._balance_log = BalanceLog.of(state)
         self._pos = self.feed.get_state()
         self.dataset.set_epoch(self.epoch)
 
@@ -333,6 +363,8 @@ class Loader:
         over workers), transfer_s, bytes_read, errors_skipped. Prints as two
         readable lines."""
         snap = self._stats.snapshot()
+        if self._balance_log:  # rebalances: when, from what to what, and the measurements behind them
+            snap["balance"] = self._balance_log.all()
         if self._auto is not None:  # num_workers or prefetch "auto": what was chosen and why
             snap["autotune"] = {k: dict(v) if isinstance(v, dict) else v for k, v in self._auto.items()}
         return snap
@@ -364,35 +396,4 @@ class Loader:
         return (f"Loader({self.dataset!r}, schedule={self.schedule!r}, num_workers={self.num_workers}, "
                 f"epoch={self.epoch}, step={self._pos['step']})")
 
-
-class MakerFactory:
-    """Builds a worker's BatchMaker; a plain picklable object (not a closure)
-    so workers can be spawned as well as forked."""
-
-    def __init__(self, dataset: ShardDataset, collate_fn: Callable | None, readers: int = 1):
-        self.dataset, self.collate_fn, self.readers = dataset, collate_fn, readers
-
-    def __call__(self):
-        if self.readers > 1:  # siblings decode each Parquet row group once between them
-            from shardfeed.formats.engine.group_share import share_in_this_process
-
-            share_in_this_process()
-        if getattr(self.dataset, "cache", None) is not None:  # sizes what each reader keeps pinned
-            return self.dataset.maker(self.collate_fn, readers=self.readers)
-        maker = self.dataset.maker(self.collate_fn)
-        if hasattr(maker, "stride"):
-            maker.stride = self.readers  # a worker reads every num_workers-th batch
-        return maker
-
-    def warm(self, maker) -> None:
-        """Load the jitted gather and this order's permutation before the
-        first task: a fresh worker otherwise spends ~1 s of its first batch
-        loading them from numba's cache, and the batches of the worker that
-        starts second wait behind that on the consumer's path."""
-        maker.reader.warm()
-        if getattr(self.dataset, "follow", False):
-            return  # a stream has no fixed plan to warm
-        plan = self.dataset.unbatched_plan()
-        if plan.num_samples:
-            plan.positions(0, 1)
 

@@ -11,8 +11,12 @@
                                   # earlier jobs this epoch: [world_size, batch sizes, consumed per rank]
               "dataset": {"samples": N, "shards": S, "order": "global", "seed": 0, "drop_last": false},
                                   # the shuffle and the data's shape
-              "data": {"digest": "9f0c..."}}}
+              "data": {"digest": "9f0c..."},
                                   # the content: xxh3 of the index's shard names, counts, sizes and hashes
+              "balanced": [2, [48, 16]]},  # only after Loader.rebalance: the epoch the sizes were set in
+                                           # and the sizes (they hold while the schedule stays at that stage)
+     "balance": [{"epoch": 2, "step": 40, "from": [32, 32], "batch_sizes": [48, 16], "why": {...}}]}
+                                  # only after rebalances: the last 16, the measurements behind the newest
 
 A follow state names its stream instead (``"data": {"stream": ...}``: a digest
 of the first shard ever published, None before one is), a mixture each

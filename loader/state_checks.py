@@ -54,6 +54,20 @@ def check_batch_sizes(state: dict) -> None:
                          f"rank (world_size={state['world_size']})")
 
 
+def check_balanced(state: dict):
+    """A saved rebalance (``[since epoch, per-rank sizes]``, or absent): an epoch no later than the
+    state's and sizes in range; None when the state has none."""
+    got = state.get("balanced")
+    if got is None:
+        return None
+    if (not isinstance(got, list) or len(got) != 2 or isinstance(got[0], bool) or not isinstance(got[0], int)
+            or not 0 <= got[0] <= state.get("epoch", 0) or not isinstance(got[1], list) or not got[1]
+            or not all(isinstance(b, int) and not isinstance(b, bool) and 1 <= b <= MAX_BATCH_SIZE for b in got[1])):
+        raise ValueError(f"state['balanced']={got!r} must be [epoch the sizes were set in (at most the state's "
+                         f"epoch), one batch size in [1, {MAX_BATCH_SIZE}] per rank] (not a shardfeed feed state?)")
+    return got
+
+
 def check_stream_position(state: dict) -> None:
     """The watermark and end flag of a followed stream."""
     wm = state.get("watermark")

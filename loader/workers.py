@@ -16,7 +16,7 @@ Processes are forked by default (fast start; the dataset's index is
 inherited, not pickled). Workers touch numpy, numba and pyarrow, not torch's
 thread pools, and set torch to one thread, so a fork after torch started its
 threads is safe. ``spawn`` and ``forkserver`` work too: the maker factory
-(loader.MakerFactory) and the pipe ends are pickled to the child. Each worker also watches its parent: if the main process is killed, the
+(MakerFactory) and the pipe ends are pickled to the child. Each worker also watches its parent: if the main process is killed, the
 workers exit instead of lingering as orphans.
 
 Signals: a worker ignores SIGINT (a Ctrl-C reaches the whole process group;
@@ -35,6 +35,7 @@ import select
 import signal
 import sys
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import wait
 
 from shardfeed.formats import ShardError
@@ -301,3 +302,35 @@ class WorkerPool:
             c.close()
         self.reader.close()
         shm.cleanup(self.prefix)
+
+
+class MakerFactory:
+    """Builds a worker's BatchMaker; a plain picklable object (not a closure)
+    so workers can be spawned as well as forked."""
+
+    def __init__(self, dataset, collate_fn: Callable | None, readers: int = 1):
+        self.dataset, self.collate_fn, self.readers = dataset, collate_fn, readers
+
+    def __call__(self):
+        if self.readers > 1:  # siblings decode each Parquet row group once between them
+            from shardfeed.formats.engine.group_share import share_in_this_process
+
+            share_in_this_process()
+        if getattr(self.dataset, "cache", None) is not None:  # sizes what each reader keeps pinned
+            return self.dataset.maker(self.collate_fn, readers=self.readers)
+        maker = self.dataset.maker(self.collate_fn)
+        if hasattr(maker, "stride"):
+            maker.stride = self.readers  # a worker reads every num_workers-th batch
+        return maker
+
+    def warm(self, maker) -> None:
+        """Load the jitted gather and this order's permutation before the
+        first task: a fresh worker otherwise spends ~1 s of its first batch
+        loading them from numba's cache, and the batches of the worker that
+        starts second wait behind that on the consumer's path."""
+        maker.reader.warm()
+        if getattr(self.dataset, "follow", False):
+            return  # a stream has no fixed plan to warm
+        plan = self.dataset.unbatched_plan()
+        if plan.num_samples:
+            plan.positions(0, 1)

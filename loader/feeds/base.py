@@ -34,6 +34,7 @@ import numpy as np
 
 from shardfeed.formats.records import SlotRecord
 from shardfeed.loader.schedule import BatchSchedule, Stage
+from shardfeed.loader.state_checks import check_balanced
 from shardfeed.shuffling.plan_protocol import Plan
 from shardfeed.shuffling.spec import Job
 
@@ -95,6 +96,8 @@ class Feed(ABC):
         self.schedule = schedule
         self.rank, self.world_size, self.ranks_per_node = rank, world_size, ranks_per_node
         self._jobs: tuple | None = None  # (epoch, stage, job) of the last epoch asked about
+        # per-rank batch sizes set at a step boundary (rebalance): (since epoch, sizes, that epoch's stage)
+        self._balanced: tuple | None = None
 
     # -- the schedule's job ------------------------------------------------
     def _epoch_of(self, epoch: int | None) -> int:
@@ -108,9 +111,26 @@ class Feed(ABC):
         if got is None or got[0] != epoch:
             stage = self.schedule.at(epoch)
             w = self.world_size
-            got = self._jobs = (epoch, stage, Job(w, tuple(stage.rank_batch(r, w) for r in range(w)),
-                                                  self.ranks_per_node))
+            sizes = self._balanced_sizes(epoch, stage) or tuple(stage.rank_batch(r, w) for r in range(w))
+            got = self._jobs = (epoch, stage, Job(w, sizes, self.ranks_per_node))
         return got[1], got[2]
+
+    def _balanced_sizes(self, epoch: int, stage: Stage) -> tuple[int, ...] | None:
+        """The rebalanced sizes where they hold: from the epoch they were set in, while the
+        schedule stays at that epoch's stage (a stage change goes back to its own sizes)."""
+        b = self._balanced
+        if b is None or epoch < b[0] or stage != b[2]:
+            return None
+        return b[1]
+
+    def _set_balanced(self, since: int | None, sizes: tuple[int, ...] | None) -> None:
+        self._balanced = None if sizes is None else (since, tuple(sizes), self.schedule.at(since))
+        self._jobs = None
+
+    def balanced_state(self) -> list | None:
+        """``[since epoch, per-rank sizes]`` of the rebalance in force (plain data for a state), or None."""
+        b = self._balanced
+        return None if b is None else [b[0], list(b[1])]
 
     def stage(self, epoch: int | None = None) -> Stage:
         return self._stage_job(self._epoch_of(epoch))[0]
@@ -132,11 +152,25 @@ class Feed(ABC):
             self._start()
             return
         s = self._checked(state)
+        self._restore_balanced(check_balanced(s))
         job = self.job(s.get("epoch", 0))
         if s["world_size"] == job.world_size and tuple(s["batch_sizes"]) == job.batch_sizes:
             self._restore(s)
         else:
             self._rejob(s)
+
+    def _restore_balanced(self, saved) -> None:
+        """A saved rebalance holds again on the same world size; on another one the new job's
+        own sizes deal the rest (an elastic resume), and a balancer measures anew."""
+        want = None if saved is None or len(saved[1]) != self.world_size else (saved[0], tuple(saved[1]))
+        if want != (self._balanced[:2] if self._balanced else None):  # a reset per step (the cache's) keeps its caches
+            self._set_balanced(*(want or (None, None)))
+
+    def rebalance(self, batch_sizes) -> None:
+        """New per-rank batch sizes from the current position on (None: the schedule's again).
+        Feeds that cannot deal the rest of an epoch again say so."""
+        raise TypeError(f"a {self.kind} feed cannot change its per-rank batch sizes mid-run (rebalance): that "
+                        "needs a ShardDataset read by epochs (not follow=True, not a Mixture)")
 
     @abstractmethod
     def next(self) -> WorkItem: ...

@@ -113,7 +113,29 @@ class EpochFeed(Feed):
             "history": [[j.world_size, list(j.batch_sizes), [int(c) for c in consumed]] for j, consumed in self.history]
             if self.history else [],
             "dataset": dict(self.fingerprint), "data": dict(self.identity),
-        }
+        } | ({"balanced": b} if (b := self.balanced_state()) is not None else {})
+
+    def rebalance(self, batch_sizes) -> None:
+        """Per-rank ``batch_sizes`` (one per rank; None: the schedule's) from this step on, every
+        rank passing the same at the same step. The rest of the epoch is dealt again from the
+        consumed position exactly as an elastic resume deals it (the current job and what each
+        of its ranks consumed join the history); at a job's first step nothing is consumed, so
+        the new job simply deals what the history left. The sizes hold in later epochs while the
+        schedule stays at this epoch's stage."""
+        old = self.job()
+        if batch_sizes is None:
+            self._set_balanced(None, None)
+        else:
+            new = Job(self.world_size, _sizes(batch_sizes, self.world_size), self.ranks_per_node)
+            self._set_balanced(self.epoch, new.batch_sizes)
+        if self.job().batch_sizes == old.batch_sizes or self.step == 0:
+            return
+        self._rejob({"epoch": self.epoch, "_history": self.history, "world_size": old.world_size,
+                     "batch_sizes": list(old.batch_sizes), "step": self.step})
+
+    def _set_balanced(self, since, sizes) -> None:
+        super()._set_balanced(since, sizes)
+        self._steps = None  # the job of the cached epoch may have changed
 
     def _start(self) -> None:
         self.step, self.history = 0, ()
@@ -216,13 +238,28 @@ class EpochFeed(Feed):
         return AuditSources([self.name], [self.spec.num_samples])
 
     def audit_expect(self, item: WorkItem) -> dict:
+        """The whole epoch's samples (a re-planned plan holds only the rest), and the padding every
+        job of the epoch's history may have repeated (its deal's padding, a bound) besides the last one's."""
         plan = item.plan
-        unique = plan.total_samples - plan.dropped
-        return {"delivered": [unique], "unique": [unique], "padded": plan.padded}
+        unique = self.spec.num_samples - plan.dropped
+        padded = plan.padded
+        hist = tuple((Job(w, tuple(b), self.ranks_per_node), tuple(c)) for w, b, c in item.state.get("history") or ())
+        for i, (job, _) in enumerate(hist):
+            padded += self.spec.plan(item.epoch, job, 0, hist[:i]).padded
+        return {"delivered": [unique], "unique": [unique], "padded": padded}
 
     def __repr__(self) -> str:
         return (f"EpochFeed(rank={self.rank}/{self.world_size}, epoch={self.epoch}, step={self.step}, "
                 f"resizes={len(self.history)})")
+
+
+def _sizes(batch_sizes, world_size: int) -> tuple[int, ...]:
+    if not isinstance(batch_sizes, (list, tuple)):
+        raise TypeError(f"rebalance takes one batch size per rank (a list of {world_size} ints), got {batch_sizes!r}")
+    if len(batch_sizes) != world_size:
+        raise ValueError(f"rebalance got {len(batch_sizes)} batch sizes for world_size={world_size}; pass one per "
+                         "rank, the same list on every rank")
+    return tuple(batch_sizes)
 
 
 def check_state(state: dict, fingerprint: dict, identity: dict | None = None) -> dict:

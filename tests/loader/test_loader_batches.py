@@ -234,7 +234,7 @@ def test_mmap_read_mode_refuses_and_skips_damaged_payloads(make_dataset, workers
 def test_read_mode_travels_to_spawned_workers_makers(make_dataset):
     import pickle
 
-    from shardfeed.loader.loader import MakerFactory
+    from shardfeed.loader.workers import MakerFactory
 
     root = make_dataset(20, shard_samples=10)
     factory = pickle.loads(pickle.dumps(MakerFactory(ShardDataset(root, shuffle="global", read_mode="mmap"), None)))

@@ -10,7 +10,7 @@ import pytest
 from loader_helpers import keys_of
 from shardfeed.loader import Loader, ShardDataset
 from shardfeed.loader.collate import materialize
-from shardfeed.loader.loader import MakerFactory
+from shardfeed.loader.workers import MakerFactory
 
 
 def test_maker_factory_pickles_and_builds_a_maker(make_dataset):

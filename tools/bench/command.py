@@ -14,6 +14,7 @@
     shardfeed bench stream    publish-to-delivery latency, ingest + follow throughput (bench_stream)
     shardfeed bench compare   beside the peers: whole pass, steady, first batch (bench_compare)
     shardfeed bench startup   a fresh process's first batch, import included, wall and CPU (bench_startup)
+    shardfeed bench balance   2 ranks, one slowed 2x/3x: balanced vs equal vs the best static split (bench_balance)
     shardfeed bench soak      streaming ingest + follow on 2 ranks under scheduled faults (bench_soak)
     shardfeed bench all       each of the above in turn, except the long soak
 
@@ -51,6 +52,8 @@ BENCHES = {
     "compare": ("shardfeed.tools.bench.compare", "shardfeed beside its peers: whole pass, steady rate, first batch"),
     "startup": ("shardfeed.tools.bench.startup",
                 "a fresh process's import and first batch (local tar, 0 workers), wall and CPU, median of fresh runs"),
+    "balance": ("shardfeed.tools.bench.balance",
+                "per-rank batch sizes from measured speed (Balancer) vs equal and static splits, one rank slowed"),
     "soak": ("shardfeed.tools.bench.soak", "streaming ingest + follow on 2 ranks with faults injected, then an audit"),
 }
 # runs of half an hour by design: `bench all` leaves them out (run them by name)

@@ -10,6 +10,8 @@
    (--follow, with replay of older samples).
 5. Train again with --shuffle none on the class-ordered data: the baseline
    that shows what the shuffle is worth.
+6. Mixed hardware, simulated: one rank 3x slower, equal batch sizes against
+   --balance (demo_balance.py).
 Prints held-out accuracy beside chance and where the plot is.
 """
 
@@ -55,6 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-fraction", type=float, default=0.75, help="cache limit as a share of the dataset's bytes (misses come as sample ranges; with whole shards only, 2 ranks x 32 shards a global step need ~86%% here)")
     p.add_argument("--no-train", action="store_true", help="stop after reading the shards back")
     p.add_argument("--no-baseline", action="store_true", help="skip the --shuffle none comparison run")
+    p.add_argument("--no-balance", action="store_true", help="skip the equal vs --balance runs with a rank slowed")
 
 
 # What a run writes under --out. Each run starts without them: a kept stream ends with its
@@ -257,6 +260,11 @@ def main(args) -> int:
         base_acc = _accuracy(out) if rc == 0 else None
         if rc == 0:
             compared = _compare(ck, base_ck, os.path.join(args.out, "run", "shuffle-compared.png"))
+    balanced = None
+    if not args.no_balance:
+        from shardfeed.tools.train.demo_balance import balance_phase
+
+        balanced = balance_phase(args, _train_cmd, _run, root, os.path.join(args.out, "run"))
     chance = 100 / args.classes
     print(f"\nheld-out accuracy: {acc:.1f}% with global shuffle (chance {chance:.1f}%)"
           + (f", {follow_acc:.1f}% after following the stream" if follow_acc is not None else "")
@@ -265,5 +273,7 @@ def main(args) -> int:
     print(f"plot of loss, samples/s, data stall and accuracy over steps, the resume marked: {plot}")
     if compared:
         print(f"plot of global shuffle against --shuffle none (loss, accuracy): {compared}")
+    if balanced:
+        print(balanced)
     print(f"demo finished in {time.perf_counter() - t_start:.0f}s")
     return 0

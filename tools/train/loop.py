@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from shardfeed.tools.train import checkpoint
 from shardfeed.tools.train.addons import ReferenceHooks
+from shardfeed.tools.train.balancing import wrap
 from shardfeed.tools.train.core import train
 from shardfeed.tools.train.model import SmallCNN, to_inputs
 from shardfeed.tools.train.options import image_field, is_url, schedule_of
@@ -73,7 +74,7 @@ def run_rank(rank: int, world: int, args) -> dict:
                           epochs=None if args.follow else args.epochs, lr=args.lr, lr_batch=args.lr_batch,
                           warmup_steps=args.warmup_steps, device=device, checkpoint_path=args.checkpoint,
                           checkpoint_every=args.checkpoint_every, max_steps=args.max_steps, resume=args.resume,
-                          meta={"data": args.data}, hooks=hooks)
+                          meta={"data": args.data}, hooks=wrap(hooks, args, rank, world, loader, model))
     if stopped and rank == 0:
         print(f"stopped after step {step} (--max-steps); resume with --resume --checkpoint {args.checkpoint}",
               flush=True)
