@@ -21,9 +21,12 @@ reads next, not what it read.
 Locks as for whole shards (store.py): a fetch pins the partial copy
 (``locks/r-<key>.pin``, shared) and then takes its fetch lock, so the
 evictor, which needs the pin exclusively, never removes a copy being
-written. Room for each range comes from the budget as a temporary of the
-range's size (evicting by the lookahead if needed), dropped once the range is
-in the copy.
+written. Room for one fetch's ranges comes from the budget first, as one
+temporary of their total size (evicting by the lookahead if needed), dropped
+once they are in the copy; then the ranges go out side by side, up to
+``RANGE_REQUESTS`` in flight in the process (a range costs a round trip, not
+bandwidth: one after another, the link's latency set the pace). Room once per
+fetch, not per range: each asks for the node's lock and lists the folder.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import ctypes
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -47,6 +51,33 @@ PREFIX = "r-"
 _BLOCK = 4096
 _FALLOC_PUNCH = 0x01 | 0x02  # FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE
 _SIDECAR_BASE, _SIDECAR_PER_SAMPLE = 2 << 10, 384  # one GET of this much holds most sidecars (~300 bytes a sample)
+
+
+RANGE_REQUESTS = 64  # range GETs in flight at once per process: each mostly waits a round trip, not bandwidth
+_pool: tuple[int, ThreadPoolExecutor] | None = None  # (pid, pool): a forked worker makes its own
+_pool_mu = threading.Lock()
+
+
+def _requests() -> ThreadPoolExecutor:
+    """The process's pool of range GETs (shared by every fetch of every cache)."""
+    global _pool
+    with _pool_mu:
+        if _pool is None or _pool[0] != os.getpid():
+            _pool = (os.getpid(), ThreadPoolExecutor(RANGE_REQUESTS, thread_name_prefix="shardfeed-range-get"))
+        return _pool[1]
+
+
+def _drain(futures: list) -> None:
+    """Wait for every future, then raise the first error among them (none is left running)."""
+    error = None
+    for f in futures:
+        try:
+            f.result()
+        except BaseException as e:  # noqa: BLE001 - raised below, once all have ended
+            error = error or e
+    futures.clear()
+    if error is not None:
+        raise error
 
 
 def partial_key(key: str) -> str:
@@ -285,35 +316,47 @@ class RangeFetcher:
 
     def _fetch(self, ref, fd: int, table, missing: np.ndarray, cancel, headroom: int = 0,
                for_step: int | None = None, held=None, on_wait=None) -> None:
+        """The coalesced ranges of ``missing``, all in flight at once (up to ``RANGE_REQUESTS`` in the
+        process), in the room of one temporary of their total size made first (see the module docstring)."""
         opts = self.cache.fetch_options
         src = open_source(ref.url, self.cache.storage_options, opts.stall_s)
         start, end = spans(table, missing)
         key = partial_key(self.cache.key_for(ref.url, ref.hash, ref.version))
-        for a, b in coalesce(start, end, self.cost.gap_bytes()):
-            if cancel is not None and cancel.is_set():
-                from shardfeed.cache.fetch import Cancelled
+        ranges = coalesce(start, end, self.cost.gap_bytes())
+        if cancel is not None and cancel.is_set():
+            from shardfeed.cache.fetch import Cancelled
 
-                raise Cancelled(ref.url)
-            tmp = self.cache.budget.make_room_and_create(key, "", b - a, ref.url, headroom=headroom,
-                                                         for_step=for_step, held=held, on_wait=on_wait)
-            try:
-                t0 = time.monotonic()
-                data = with_retries(ref.url, f"reading bytes {a}-{b - 1}",
-                                    self._asked(lambda a=a, b=b: src.read_range(a, b)), opts)
-                self.cost.observe(len(data), time.monotonic() - t0)
-                self._count(range_requests=1, range_bytes=len(data))
-                self.cache._add(bytes_fetched=len(data))
-                inside = missing[(start >= a) & (end <= b)]
-                for i in inside.tolist():
-                    if not sample_ok(data, a, table, i):
-                        raise ShardError(ref.url, f"sample {i} ({table.keys[i]!r}) fails its checksum in bytes "
-                                                  f"{a}-{b - 1} fetched from the source (changed or damaged there); "
-                                                  "nothing of it was delivered")
-                view = memoryview(data)
-                while view:
-                    view = view[os.pwrite(fd, view, b - len(view)):]
-            finally:
-                unlink_quiet(tmp)
+            raise Cancelled(ref.url)
+        tmp = self.cache.budget.make_room_and_create(key, "", sum(b - a for a, b in ranges), ref.url,
+                                                     headroom=headroom, for_step=for_step, held=held,
+                                                     on_wait=on_wait)
+        try:
+            if len(ranges) == 1:  # nothing to overlap: no hand-over to the pool
+                self._get(ref, src, fd, table, missing, start, end, *ranges[0])
+                return
+            _drain([_requests().submit(self._get, ref, src, fd, table, missing, start, end, a, b)
+                    for a, b in ranges])
+        finally:
+            unlink_quiet(tmp)
+
+    def _get(self, ref, src, fd: int, table, missing, start, end, a: int, b: int) -> None:
+        """Bytes ``[a, b)`` of ``ref`` into the copy ``fd``, each sample in them checked first."""
+        opts = self.cache.fetch_options
+        t0 = time.monotonic()
+        data = with_retries(ref.url, f"reading bytes {a}-{b - 1}",
+                            self._asked(lambda: src.read_range(a, b)), opts)
+        self.cost.observe(len(data), time.monotonic() - t0)
+        self._count(range_requests=1, range_bytes=len(data))
+        self.cache._add(bytes_fetched=len(data))
+        inside = missing[(start >= a) & (end <= b)]
+        for i in inside.tolist():
+            if not sample_ok(data, a, table, i):
+                raise ShardError(ref.url, f"sample {i} ({table.keys[i]!r}) fails its checksum in bytes "
+                                          f"{a}-{b - 1} fetched from the source (changed or damaged there); "
+                                          "nothing of it was delivered")
+        view = memoryview(data)
+        while view:
+            view = view[os.pwrite(fd, view, b - len(view)):]
 
     def punch(self, ref, table, local) -> bool:
         """Samples ``local`` were consumed: give back every block that holds no other
