@@ -49,7 +49,7 @@ WHOLE, RANGES = "whole", "ranges"
 ENABLED: bool | None = {"0": False, "1": True}.get(os.environ.get("SHARDFEED_CACHE_RANGES", "").strip())
 SIDECAR_SHARE = 0.03  # sidecar bytes per shard byte assumed where none was measured (shardfeed plan)
 NEAR_STEPS = 2  # steps (the current one first) a rank's prefetcher brings ahead as ranges
-# a rank's prefetch threads, one shard each (its ranges then go out side by side, ranges.RANGE_REQUESTS): a
+# a rank's prefetch threads, one shard each (its ranges then go out side by side, range_room.RANGE_REQUESTS): a
 # request is a round trip, not bandwidth; with 4, at most 8 requests were in flight and a warm epoch at 20 ms
 # a request took the round trips' sum (bench remote: 98.7% of it waiting)
 RANGE_THREADS = 32

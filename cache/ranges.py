@@ -21,14 +21,9 @@ reads next, not what it read.
 Locks as for whole shards (store.py): a fetch pins the partial copy
 (``locks/r-<key>.pin``, shared) and then takes its fetch lock, so the
 evictor, which needs the pin exclusively, never removes a copy being
-written. Room for one fetch's ranges comes from the budget first, as one
-temporary of their total size (evicting by the lookahead if needed), dropped
-once they are in the copy; then the ranges go out side by side, up to
-``RANGE_REQUESTS`` in flight in the process (a range costs a round trip, not
-bandwidth: one after another, the link's latency set the pace). Room once per
-fetch, not per range: each asks for the node's lock and lists the folder; and
-a prefetch's small fetches draw their room from a lease the process takes for
-several of them at once (``RangeFetcher._draw``).
+written. Room for one fetch's ranges comes first, for all of them (the
+budget's, evicting by the lookahead if needed, or a lease's: range_room.py),
+dropped once they are in the copy; then they go out side by side.
 """
 
 from __future__ import annotations
@@ -37,14 +32,14 @@ import ctypes
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from shardfeed.cache.budget import SIDECAR, unlink_quiet
 from shardfeed.cache.consumed import Consumed
-from shardfeed.cache.fetch import with_retries
+from shardfeed.cache.fetch import Cancelled, with_retries
 from shardfeed.cache.locks import FileLock, acquire_timed
+from shardfeed.cache.range_room import Leases, drain, requests
 from shardfeed.cache.sources import open_source
 from shardfeed.formats import ShardError
 from shardfeed.formats.sidecar import read_sidecar, sample_checksum
@@ -53,51 +48,6 @@ PREFIX = "r-"
 _BLOCK = 4096
 _FALLOC_PUNCH = 0x01 | 0x02  # FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE
 _SIDECAR_BASE, _SIDECAR_PER_SAMPLE = 2 << 10, 384  # one GET of this much holds most sidecars (~300 bytes a sample)
-
-
-RANGE_REQUESTS = 64  # range GETs in flight at once per process: each mostly waits a round trip, not bandwidth
-_pool: tuple[int, ThreadPoolExecutor] | None = None  # (pid, pool): a forked worker makes its own
-_pool_mu = threading.Lock()
-
-
-LEASE_BYTES = 1 << 20  # room a process takes at once for its next small fetches (RangeFetcher._draw)
-LEASE_S = 0.25  # and for at most this long
-LEASE_FETCHES = 16  # a lease holds this many times the room of the fetch that takes it
-
-
-class _Lease:
-    """One temporary of room that a process's fetches draw from (RangeFetcher._draw)."""
-
-    def __init__(self, path: str, lock, nbytes: int):
-        self.path, self.lock = path, lock
-        self.pid, self.born = os.getpid(), time.monotonic()
-        self.left, self.users, self.closed = nbytes, 0, False
-
-    def drop(self) -> None:
-        unlink_quiet(self.path)
-        self.lock.release()
-
-
-def _requests() -> ThreadPoolExecutor:
-    """The process's pool of range GETs (shared by every fetch of every cache)."""
-    global _pool
-    with _pool_mu:
-        if _pool is None or _pool[0] != os.getpid():
-            _pool = (os.getpid(), ThreadPoolExecutor(RANGE_REQUESTS, thread_name_prefix="shardfeed-range-get"))
-        return _pool[1]
-
-
-def _drain(futures: list) -> None:
-    """Wait for every future, then raise the first error among them (none is left running)."""
-    error = None
-    for f in futures:
-        try:
-            f.result()
-        except BaseException as e:  # noqa: BLE001 - raised below, once all have ended
-            error = error or e
-    futures.clear()
-    if error is not None:
-        raise error
 
 
 def partial_key(key: str) -> str:
@@ -168,10 +118,7 @@ class RangeFetcher:
         self._tables: dict[str, tuple] = {}  # sidecar path -> (mtime_ns, size, table)
         self.consumed = Consumed()  # what this process's readers read and may have punched (consumed.py)
         self._mu = threading.Lock()
-        self._lease: _Lease | None = None  # room taken ahead for this process's next fetches (see _draw)
-        self._lease_mu = threading.Lock()
-        self._lease_n = 0
-        self._no_lease_until = 0.0  # no room for a lease lately: not asked again before then
+        self.room = Leases(cache)  # room for a prefetch's small fetches, taken ahead (range_room.py)
         self.counters = {"range_requests": 0, "range_bytes": 0, "sidecar_requests": 0, "samples_fetched": 0,
                          "samples_present": 0}
 
@@ -340,106 +287,29 @@ class RangeFetcher:
 
     def _fetch(self, ref, fd: int, table, missing: np.ndarray, cancel, headroom: int = 0,
                for_step: int | None = None, held=None, on_wait=None) -> None:
-        """The coalesced ranges of ``missing``, all in flight at once (up to ``RANGE_REQUESTS`` in the
-        process), in room for their total size made first (a lease's, or a temporary of their own: see
-        the module docstring)."""
+        """The coalesced ranges of ``missing``, all in flight at once, in room made first for all of them."""
         opts = self.cache.fetch_options
         src = open_source(ref.url, self.cache.storage_options, opts.stall_s)
         start, end = spans(table, missing)
         key = partial_key(self.cache.key_for(ref.url, ref.hash, ref.version))
         ranges = coalesce(start, end, self.cost.gap_bytes())
         if cancel is not None and cancel.is_set():
-            from shardfeed.cache.fetch import Cancelled
-
             raise Cancelled(ref.url)
         size = sum(b - a for a, b in ranges)
-        lease = self._draw(size, ref.url, headroom, for_step)
+        lease = self.room.draw(size, ref.url, headroom, for_step)
         tmp = None if lease is not None else self.cache.budget.make_room_and_create(
             key, "", size, ref.url, headroom=headroom, for_step=for_step, held=held, on_wait=on_wait)
         try:
             if len(ranges) == 1:  # nothing to overlap: no hand-over to the pool
                 self._get(ref, src, fd, table, missing, start, end, *ranges[0])
                 return
-            _drain([_requests().submit(self._get, ref, src, fd, table, missing, start, end, a, b)
+            drain([requests().submit(self._get, ref, src, fd, table, missing, start, end, a, b)
                     for a, b in ranges])
         finally:
             if lease is not None:
-                self._landed(lease)
+                self.room.landed(lease)
             else:
                 unlink_quiet(tmp)
-
-    def _draw(self, size: int, url: str, headroom: int, for_step: int | None) -> _Lease | None:
-        """Room for ``size`` bytes from this process's lease, or None (then the fetch makes its own).
-
-        Each room made scans the cache folder under the node's lock; with a fetch per shard and
-        step (tens a step) those scans were the node's one queue: at 8,000 samples in 500 shards a
-        warm epoch made 4,500 of them, 2.7 ms each, and fewer than 5 requests were in flight on
-        average. A lease is one temporary of ``LEASE_FETCHES`` times a prefetch's room (at most
-        ``LEASE_BYTES``), made on that prefetch's terms (NoRoom rather than a wait: budget.py),
-        that the next fetches of this process draw from for at most ``LEASE_S``; it goes once its
-        last fetch has landed (its bytes then counted twice for that while: over, never under, the
-        limit). A reader's own fetch makes its own room (it may wait) but may draw from a lease."""
-        if size * 4 > LEASE_BYTES:
-            return None
-        with self._lease_mu:
-            lease, now = self._lease, time.monotonic()
-            if lease is not None and (lease.pid != os.getpid() or now - lease.born > LEASE_S or lease.left < size):
-                self._lease = None
-                if lease.pid == os.getpid():
-                    lease.closed = True
-                    if not lease.users:
-                        lease.drop()
-                lease = None
-            if lease is None:
-                if now < self._no_lease_until or (not headroom and for_step is None):
-                    return None
-                lease = self._lease = self._take_lease(url, min(LEASE_BYTES, LEASE_FETCHES * size), headroom,
-                                                       for_step)
-                if lease is None:
-                    self._no_lease_until = now + LEASE_S
-                    return None
-            lease.left -= size
-            lease.users += 1
-            return lease
-
-    def _take_lease(self, url: str, nbytes: int, headroom: int, for_step: int | None) -> _Lease | None:
-        from shardfeed.cache.budget import NoRoom
-
-        limit = self.cache.limit_bytes
-        if LEASE_BYTES * 16 > limit:
-            return None  # a small cache: every byte of room goes to a fetch that needs it now
-        self._lease_n += 1
-        key = f"lease-{os.getpid()}-{self._lease_n}"
-        lock = FileLock(os.path.join(self.cache.lock_dir, key + ".fetch"))  # held: its temporary is not an orphan
-        lock.acquire()
-        try:
-            path = self.cache.budget.make_room_and_create(key, "", nbytes, url, headroom=headroom, for_step=for_step)
-        except NoRoom:
-            lock.release()
-            return None
-        except BaseException:
-            lock.release()
-            raise
-        lease = _Lease(path, lock, nbytes)
-        timer = threading.Timer(LEASE_S, self._expire, (lease,))  # an idle process holds no lease for long
-        timer.daemon = True
-        timer.start()
-        return lease
-
-    def _expire(self, lease: _Lease) -> None:
-        with self._lease_mu:
-            if self._lease is lease:
-                self._lease = None
-            if not lease.closed:
-                lease.closed = True
-                if not lease.users:
-                    lease.drop()
-
-    def _landed(self, lease: _Lease) -> None:
-        with self._lease_mu:
-            lease.users -= 1
-            if lease.closed and not lease.users:
-                lease.drop()
 
     def _get(self, ref, src, fd: int, table, missing, start, end, a: int, b: int) -> None:
         """Bytes ``[a, b)`` of ``ref`` into the copy ``fd``, each sample in them checked first."""

@@ -172,7 +172,7 @@ def grid(setup, root: str, data: int, sidecars: int, work: str) -> list[dict]:
     return rows
 
 
-def _predicted(url, cache_dir, limit, world, batch, epochs) -> float | None:
+def _predicted(url, cache_dir, limit, world, batch, epochs, workers: int = 0) -> float | None:
     """`shardfeed plan URL --json`'s mean bytes of the epochs after the first, for shardfeed's policy."""
     import argparse
     import contextlib
@@ -184,7 +184,8 @@ def _predicted(url, cache_dir, limit, world, batch, epochs) -> float | None:
     p = argparse.ArgumentParser()
     plan.add_arguments(p)
     args = p.parse_args([url, "--cache-limit", str(limit), "--world-size", str(world), "--batch-size", str(batch),
-                         "--epochs", str(epochs), "--seed", "0", "--json", "--cache-dir", cache_dir])
+                         "--epochs", str(epochs), "--seed", "0", "--json", "--cache-dir", cache_dir,
+                         "--num-workers", str(workers)])
     text = io.StringIO()
     with contextlib.redirect_stdout(text):
         if plan.main(args) != 0:
@@ -210,7 +211,7 @@ def run(setup, fraction: float, out: str, plot: bool = True, with_grid: bool = F
         table = []
         from shardfeed.cache import CacheLimitError
 
-        predicted = _predicted(root, os.path.join(work, "plan"), limit, 1, batch, epochs)
+        predicted = {w: _predicted(root, os.path.join(work, f"plan-{w}"), limit, 1, batch, epochs, w) for w in (0, 2)}
         for name, whole, workers in (("shardfeed", False, 0), ("shardfeed, 2 workers", False, 2),
                                      ("shardfeed (whole shards only)", True, 0)):
             with ServerProcess(root, rate, latency) as srv:
@@ -222,7 +223,8 @@ def run(setup, fraction: float, out: str, plot: bool = True, with_grid: bool = F
                                  classes_per_batch="", note=f"refused at start: needs {e.needed_bytes:,} bytes")]
             for r in rows:
                 x = r["bytes_fetched"] / data if r["bytes_fetched"] != "" else ""
-                vs = r["bytes_fetched"] / predicted if (not whole and predicted and r["epoch"] not in ("", 0)) else ""
+                vs = r["bytes_fetched"] / predicted[workers] if (not whole and predicted[workers] and
+                                                                 r["epoch"] not in ("", 0)) else ""
                 table.append(dict(r, reader=name, x_dataset=x, bound_x=bound, vs_plan=vs))
         from shardfeed.tools.bench import remote_peers  # the peers read S3 through the same shaped link
 
