@@ -175,39 +175,57 @@ class SamplePrefetcher(PlanPrefetcher):
             return True
 
     def _bring(self, ref, local, steps, count) -> int:
-        """Samples ``local`` (read at ``steps``) of ``ref`` into its partial copy, nearest step
-        first, on the terms of the class docstring; samples brought (NoRoom once none came)."""
+        """Samples ``local`` (read at ``steps``) of ``ref`` into its partial copy, on the terms of the
+        class docstring, in at most three fetches (the readers' step, the window's steps, beyond
+        them), so that each fetch has all its ranges in flight at once (ranges.py); samples brought
+        (NoRoom once none came)."""
         import numpy as np
 
         fetcher, per_sample = self.policy.fetcher, self.policy.sample_bytes()
         n, now = 0, self._step
-        for step in np.unique(steps).tolist():
-            mine = local[steps == step]
-            claim = len(mine) * per_sample
-            try:
-                if step <= now:
-                    n += fetcher.ensure(ref, mine, count, cancel=self._stop, for_step=step)[1]
-                elif self._window_room(step, claim):
-                    got = 0
-                    try:
-                        got = fetcher.ensure(ref, mine, count, cancel=self._stop, for_step=step)[1]
-                    finally:
-                        with self._cv:  # the window holds what came, not what was present already
-                            if step in self._window:
-                                self._window[step] += got * per_sample - claim
-                    n += got
-                else:
-                    # beyond the window: the readers' room stays free (else a reader could wait on it)
-                    n += fetcher.ensure(ref, mine, count, cancel=self._stop,
-                                        headroom=max(1, self.policy.headroom))[1]
-            except NoRoom:
-                if not n:
-                    raise
-                self.skipped += 1
-                self._count(prefetch_skipped=1)
+        later = np.unique(steps[steps > now]).tolist()
+        claimed = []  # window steps whose room was claimed, in order (the first unclaimed ends them)
+        for step in later:
+            if not self._window_room(step, int((steps == step).sum()) * per_sample):
                 break
-            self._mark(ref.url, mine, steps[steps == step])
+            claimed.append(step)
+        groups = [(steps <= now, dict(for_step=now)),
+                  (np.isin(steps, claimed), dict(for_step=claimed[0] if claimed else now)),
+                  ((steps > now) & ~np.isin(steps, claimed), dict(headroom=max(1, self.policy.headroom)))]
+        try:
+            for g, (mask, terms) in enumerate(groups):
+                if not mask.any():
+                    continue
+                got = 0
+                try:
+                    got = fetcher.ensure(ref, local[mask], count, cancel=self._stop, **terms)[1]
+                except NoRoom:
+                    if not n:
+                        raise
+                    self.skipped += 1
+                    self._count(prefetch_skipped=1)
+                    break
+                finally:
+                    if g == 1:
+                        self._settle(steps[mask], got, per_sample)
+                        claimed = []
+                n += got
+                self._mark(ref.url, local[mask], steps[mask])
+        finally:
+            if claimed:
+                self._settle(steps[np.isin(steps, claimed)], 0, per_sample)
         return n
+
+    def _settle(self, steps, got: int, per_sample: int) -> None:
+        """The window holds what came for ``steps`` (``got`` samples of them), not what was claimed."""
+        import numpy as np
+
+        uniq, counts = np.unique(steps, return_counts=True)
+        share = got / max(1, len(steps))
+        with self._cv:
+            for step, c in zip(uniq.tolist(), counts.tolist()):
+                if step in self._window:
+                    self._window[step] += int(round(c * share)) * per_sample - c * per_sample
 
     def _mark(self, url: str, local, steps) -> None:
         """Samples ``local`` of ``url`` (read at ``steps``) are present: later passes leave them be."""

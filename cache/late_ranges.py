@@ -27,7 +27,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-LATE_THREADS = 4  # a reader's fetches at once for its own batch (small requests: latency-bound)
+LATE_THREADS = 16  # a reader's shards fetched at once for its own batch (a batch of 64 touches ~30 shards)
 
 _pool: tuple[int, ThreadPoolExecutor] | None = None  # (pid, pool): a forked worker makes its own
 _mu = threading.Lock()

@@ -49,7 +49,10 @@ WHOLE, RANGES = "whole", "ranges"
 ENABLED: bool | None = {"0": False, "1": True}.get(os.environ.get("SHARDFEED_CACHE_RANGES", "").strip())
 SIDECAR_SHARE = 0.03  # sidecar bytes per shard byte assumed where none was measured (shardfeed plan)
 NEAR_STEPS = 2  # steps (the current one first) a rank's prefetcher brings ahead as ranges
-RANGE_THREADS = 4  # a rank's prefetch threads for sample ranges (latency-bound: with 2, 3-5x more came late in the demo)
+# a rank's prefetch threads, one shard each (its ranges then go out side by side, range_room.RANGE_REQUESTS): a
+# request is a round trip, not bandwidth; with 4, at most 8 requests were in flight and a warm epoch at 20 ms
+# a request took the round trips' sum (bench remote: 98.7% of it waiting)
+RANGE_THREADS = 32
 RANGED_MAX_OPEN = 64  # whole shards a ranged reader keeps open between reads (its partial copies: none, see finish)
 PLAN_ENTRY_BYTES = 96  # one key's entry in a published lookahead plan (JSON key and step), rounded up
 # a rank's plan file in the budget: its keys (a shard's, and its partial copy's with ranges), twice (the

@@ -21,9 +21,9 @@ reads next, not what it read.
 Locks as for whole shards (store.py): a fetch pins the partial copy
 (``locks/r-<key>.pin``, shared) and then takes its fetch lock, so the
 evictor, which needs the pin exclusively, never removes a copy being
-written. Room for each range comes from the budget as a temporary of the
-range's size (evicting by the lookahead if needed), dropped once the range is
-in the copy.
+written. Room for one fetch's ranges comes first, for all of them (the
+budget's, evicting by the lookahead if needed, or a lease's: range_room.py),
+dropped once they are in the copy; then they go out side by side.
 """
 
 from __future__ import annotations
@@ -37,8 +37,9 @@ import numpy as np
 
 from shardfeed.cache.budget import SIDECAR, unlink_quiet
 from shardfeed.cache.consumed import Consumed
-from shardfeed.cache.fetch import with_retries
+from shardfeed.cache.fetch import Cancelled, with_retries
 from shardfeed.cache.locks import FileLock, acquire_timed
+from shardfeed.cache.range_room import Leases, drain, requests
 from shardfeed.cache.sources import open_source
 from shardfeed.formats import ShardError
 from shardfeed.formats.sidecar import read_sidecar, sample_checksum
@@ -117,6 +118,7 @@ class RangeFetcher:
         self._tables: dict[str, tuple] = {}  # sidecar path -> (mtime_ns, size, table)
         self.consumed = Consumed()  # what this process's readers read and may have punched (consumed.py)
         self._mu = threading.Lock()
+        self.room = Leases(cache)  # room for a prefetch's small fetches, taken ahead (range_room.py)
         self.counters = {"range_requests": 0, "range_bytes": 0, "sidecar_requests": 0, "samples_fetched": 0,
                          "samples_present": 0}
 
@@ -285,49 +287,60 @@ class RangeFetcher:
 
     def _fetch(self, ref, fd: int, table, missing: np.ndarray, cancel, headroom: int = 0,
                for_step: int | None = None, held=None, on_wait=None) -> None:
+        """The coalesced ranges of ``missing``, all in flight at once, in room made first for all of them."""
         opts = self.cache.fetch_options
         src = open_source(ref.url, self.cache.storage_options, opts.stall_s)
         start, end = spans(table, missing)
         key = partial_key(self.cache.key_for(ref.url, ref.hash, ref.version))
-        rs = coalesce(start, end, self.cost.gap_bytes())
-        got: dict = {}  # from a server that ignores Range: every range left, from one read of the whole object
-
-        def read(a: int, b: int) -> bytes:
-            if (a, b) in got:
-                return got.pop((a, b))
-            self.cache._add(requests=1)
-            if not src.ignores_range():
-                return src.read_range(a, b)
-            rest = rs[rs.index((a, b)):]
-            got.update(zip(rest, src.read_ranges(rest)))
-            self.cache._add(bytes_fetched=int(ref.size) - sum(y - x for x, y in rest))  # the rest of the body
-            return got.pop((a, b))
-
-        for a, b in rs:
-            if cancel is not None and cancel.is_set():
-                from shardfeed.cache.fetch import Cancelled
-
-                raise Cancelled(ref.url)
-            tmp = self.cache.budget.make_room_and_create(key, "", b - a, ref.url, headroom=headroom,
-                                                         for_step=for_step, held=held, on_wait=on_wait)
-            try:
-                t0 = time.monotonic()
-                data = with_retries(ref.url, f"reading bytes {a}-{b - 1}",
-                                    lambda a=a, b=b: read(a, b), opts)
-                self.cost.observe(len(data), time.monotonic() - t0)
-                self._count(range_requests=1, range_bytes=len(data))
-                self.cache._add(bytes_fetched=len(data))
-                inside = missing[(start >= a) & (end <= b)]
-                for i in inside.tolist():
-                    if not sample_ok(data, a, table, i):
-                        raise ShardError(ref.url, f"sample {i} ({table.keys[i]!r}) fails its checksum in bytes "
-                                                  f"{a}-{b - 1} fetched from the source (changed or damaged there); "
-                                                  "nothing of it was delivered")
-                view = memoryview(data)
-                while view:
-                    view = view[os.pwrite(fd, view, b - len(view)):]
-            finally:
+        ranges = coalesce(start, end, self.cost.gap_bytes())
+        if cancel is not None and cancel.is_set():
+            raise Cancelled(ref.url)
+        size = sum(b - a for a, b in ranges)
+        lease = self.room.draw(size, ref.url, headroom, for_step)
+        tmp = None if lease is not None else self.cache.budget.make_room_and_create(
+            key, "", size, ref.url, headroom=headroom, for_step=for_step, held=held, on_wait=on_wait)
+        try:
+            if src.ignores_range():  # one read of the whole object serves every range (any HTTP server works)
+                opts = self.cache.fetch_options
+                datas = with_retries(ref.url, "reading the whole object (its server ignores Range)",
+                                     self._asked(lambda: src.read_ranges(ranges)), opts)
+                self.cache._add(bytes_fetched=int(ref.size) - size)  # the rest of the body, read and dropped
+                for (a, b), data in zip(ranges, datas):
+                    self._put(ref, fd, table, missing, start, end, a, b, data)
+                return
+            if len(ranges) == 1:  # nothing to overlap: no hand-over to the pool
+                self._get(ref, src, fd, table, missing, start, end, *ranges[0])
+                return
+            drain([requests().submit(self._get, ref, src, fd, table, missing, start, end, a, b)
+                    for a, b in ranges])
+        finally:
+            if lease is not None:
+                self.room.landed(lease)
+            else:
                 unlink_quiet(tmp)
+
+    def _get(self, ref, src, fd: int, table, missing, start, end, a: int, b: int) -> None:
+        """One range request for bytes ``[a, b)`` of ``ref`` (retried), then ``_put``."""
+        opts = self.cache.fetch_options
+        t0 = time.monotonic()
+        data = with_retries(ref.url, f"reading bytes {a}-{b - 1}",
+                            self._asked(lambda: src.read_range(a, b)), opts)
+        self.cost.observe(len(data), time.monotonic() - t0)
+        self._put(ref, fd, table, missing, start, end, a, b, data)
+
+    def _put(self, ref, fd: int, table, missing, start, end, a: int, b: int, data: bytes) -> None:
+        """Fetched bytes ``[a, b)`` of ``ref`` into the copy ``fd``, each sample in them checked first."""
+        self._count(range_requests=1, range_bytes=len(data))
+        self.cache._add(bytes_fetched=len(data))
+        inside = missing[(start >= a) & (end <= b)]
+        for i in inside.tolist():
+            if not sample_ok(data, a, table, i):
+                raise ShardError(ref.url, f"sample {i} ({table.keys[i]!r}) fails its checksum in bytes "
+                                          f"{a}-{b - 1} fetched from the source (changed or damaged there); "
+                                          "nothing of it was delivered")
+        view = memoryview(data)
+        while view:
+            view = view[os.pwrite(fd, view, b - len(view)):]
 
     def punch(self, ref, table, local) -> bool:
         """Samples ``local`` were consumed: give back every block that holds no other

@@ -60,7 +60,13 @@ class _Handler(BaseHTTPRequestHandler):
         self._serve(body=False)
 
     def do_GET(self):
-        self._serve(body=True)
+        self.server.began(1)
+        try:
+            if self.server.latency_s:
+                time.sleep(self.server.latency_s)  # an object store's time to first byte
+            self._serve(body=True)
+        finally:
+            self.server.began(-1)
 
     def _serve(self, body: bool):
         path, rel = self._file()
@@ -150,7 +156,9 @@ class _Handler(BaseHTTPRequestHandler):
 class RangeServer(ThreadingHTTPServer):
     """``RangeServer(root)``: serves ``root`` on 127.0.0.1 in a thread, with
     ETag / Last-Modified, If-None-Match (304) and If-Match (412); ``url``,
-    ``requests`` (GETs per relative path), ``heads``, ``faults`` (list of Fault)."""
+    ``requests`` (GETs per relative path), ``heads``, ``faults`` (list of Fault);
+    ``latency_s``: a wait before answering each GET, the requests waiting side by side;
+    ``max_in_flight``: the most GETs answered at once (set it to 0 to measure a span)."""
 
     daemon_threads = True
 
@@ -162,9 +170,16 @@ class RangeServer(ThreadingHTTPServer):
         self.body_bytes: dict[str, int] = {}
         self.faults: list[Fault] = []
         self.stopping = False
+        self.latency_s = 0.0
+        self.in_flight = self.max_in_flight = 0
         self._mu = threading.Lock()
         self.url = f"http://127.0.0.1:{self.server_address[1]}"
         self._thread = threading.Thread(target=self.serve_forever, name="test-http", daemon=True)
+
+    def began(self, n: int) -> None:
+        with self._mu:
+            self.in_flight += n
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
 
     def sent(self, rel: str, n: int) -> None:
         with self._mu:

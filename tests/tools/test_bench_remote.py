@@ -36,6 +36,11 @@ def test_bench_remote_writes_a_sane_table(tmp_path):
     # headers before them (0.997 here), with refetches of evicted samples more
     assert float(ours[0]["x_dataset"]) >= 0.95
     assert 0.2 < float(ours[1]["x_dataset"]) < 0.9 * float(ours[0]["x_dataset"])
+    # the warm epoch against `shardfeed plan`, and the link's own time for the epoch (server-side in-flight)
+    assert 0.5 < float(ours[1]["vs_plan"]) < 1.5 and ours[0]["vs_plan"] == ""
+    assert float(ours[1]["in_flight"]) >= 1 and 0 < float(ours[1]["link_s"])
+    two = [r for r in rows if r["reader"] == "shardfeed, 2 workers"]
+    assert [r["epoch"] for r in two] == ["0", "1"] and all(int(r["bytes_fetched"]) > 0 for r in two)
     peers = {r["reader"]: r["note"] for r in rows if r["reader"] in ("MosaicML Streaming", "LitData")}
     assert set(peers) == {"MosaicML Streaming", "LitData"} and all(peers.values())
     assert open(os.path.join(out, "remote.md")).read().count("\n| ") == len(rows) + 1

@@ -9,10 +9,15 @@ compute time per batch, and we measure on the server's side the bytes and
 requests of each epoch, and on the reader's side the epoch time, the data
 stall (time waiting for a batch / epoch time) and the classes per batch
 (how well the order mixes class-ordered data). Readers: shardfeed as it is
-(whole shards while they fit, sample ranges after), shardfeed with whole
-shards only (the cache before sample ranges), and MosaicML Streaming and
-LitData with the same cache limit where they are installed (a row says
-"not installed" otherwise). The bound column is 1.1 x (1 - f) x dataset.
+(whole shards while they fit, sample ranges after) at 0 and 2 workers,
+shardfeed with whole shards only (the cache before sample ranges), and
+MosaicML Streaming and LitData with the same cache limit where they are
+installed (a row says "not installed" otherwise). The bound column is
+1.1 x (1 - f) x dataset; vs_plan: the epoch's bytes over what `shardfeed
+plan` predicts for a warm epoch; in_flight: the server's mean requests in
+flight while any was; link_s: what the link alone needs for the epoch,
+bytes / bandwidth + requests x latency / in_flight (shardfeed's rows: its
+server runs in a process of its own, so it takes no CPU from the reader).
 
 Writes remote.md, remote.csv and remote.png to --out.
 """
@@ -30,14 +35,15 @@ import time
 import numpy as np
 
 SETUPS = {  # samples, payload bytes, epochs, link bytes/s, latency s, batch, compute s per batch
-    "full": (2048, 32 << 10, 3, 100e6, 0.020, 16, 0.010),
+    # issue 33's link: 100 MB/s shared, 20 ms a request; a consumer of 2,000 samples/s (32 ms a batch of 64)
+    "full": (8000, 8 << 10, 3, 100e6, 0.020, 64, 0.032),
     "quick": (512, 8 << 10, 2, 100e6, 0.020, 8, 0.005),
 }
 GRID_F, GRID_RANKS = (0.25, 0.5, 0.75, 1.0), (1, 2, 4)
 GRID_COLUMNS = ["f", "ranks", "x_dataset", "bound_x", "predicted_x", "requests", "stall", "note"]
-COLUMNS = ["reader", "epoch", "bytes_fetched", "x_dataset", "bound_x", "requests", "epoch_s", "stall",
-           "classes_per_batch", "note"]
-CLASSES = 10
+COLUMNS = ["reader", "epoch", "bytes_fetched", "x_dataset", "bound_x", "vs_plan", "requests", "in_flight",
+           "link_s", "epoch_s", "stall", "classes_per_batch", "note"]
+CLASSES = 100
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -67,7 +73,7 @@ def write_dataset(root: str, samples: int, payload: int) -> None:
                      "bin": rng.integers(0, 256, payload, dtype=np.uint8).tobytes()})
 
 
-def _shardfeed(url, cache_dir, limit, epochs, batch, compute_s, srv, whole_only: bool):
+def _shardfeed(url, cache_dir, limit, epochs, batch, compute_s, srv, whole_only: bool, workers: int = 0):
     from shardfeed.cache import ranged_reads
     from shardfeed.loader import Loader, ShardDataset
 
@@ -76,17 +82,21 @@ def _shardfeed(url, cache_dir, limit, epochs, batch, compute_s, srv, whole_only:
     rows = []
     try:
         ds = ShardDataset(url, shuffle="global", seed=0, cache_dir=cache_dir, cache_limit_bytes=limit)
-        with Loader(ds, batch) as loader:
+        with Loader(ds, batch, num_workers=workers) as loader:
             for epoch in range(epochs):
                 loader.set_epoch(epoch)
-                b0, r0, t0 = srv.bytes_sent, srv.requests, time.perf_counter()
+                b0, r0, f0, t0 = srv.bytes_sent, srv.requests, srv.flight(), time.perf_counter()
                 classes = []
                 for b in loader:
                     classes.append(len(set(b["cls"].tolist())))
                     time.sleep(compute_s)
+                took = time.perf_counter() - t0
                 st = loader.stats()["epoch"]
-                rows.append(dict(epoch=epoch, bytes_fetched=srv.bytes_sent - b0, requests=srv.requests - r0,
-                                 epoch_s=time.perf_counter() - t0, stall=st["stall_fraction"],
+                nbytes, requests, f1 = srv.bytes_sent - b0, srv.requests - r0, srv.flight()
+                flight = (f1[0] - f0[0]) / (f1[1] - f0[1]) if f1[1] > f0[1] else 0.0
+                link = nbytes / srv.rate + requests * srv.latency_s / max(1.0, flight)
+                rows.append(dict(epoch=epoch, bytes_fetched=nbytes, requests=requests, in_flight=flight, link_s=link,
+                                 epoch_s=took, stall=st["stall_fraction"],
                                  classes_per_batch=float(np.mean(classes)), note=""))
     finally:
         ranged_reads.ENABLED = was
@@ -162,7 +172,7 @@ def grid(setup, root: str, data: int, sidecars: int, work: str) -> list[dict]:
     return rows
 
 
-def _predicted(url, cache_dir, limit, world, batch, epochs) -> float | None:
+def _predicted(url, cache_dir, limit, world, batch, epochs, workers: int = 0) -> float | None:
     """`shardfeed plan URL --json`'s mean bytes of the epochs after the first, for shardfeed's policy."""
     import argparse
     import contextlib
@@ -174,7 +184,8 @@ def _predicted(url, cache_dir, limit, world, batch, epochs) -> float | None:
     p = argparse.ArgumentParser()
     plan.add_arguments(p)
     args = p.parse_args([url, "--cache-limit", str(limit), "--world-size", str(world), "--batch-size", str(batch),
-                         "--epochs", str(epochs), "--seed", "0", "--json", "--cache-dir", cache_dir])
+                         "--epochs", str(epochs), "--seed", "0", "--json", "--cache-dir", cache_dir,
+                         "--num-workers", str(workers)])
     text = io.StringIO()
     with contextlib.redirect_stdout(text):
         if plan.main(args) != 0:
@@ -185,7 +196,7 @@ def _predicted(url, cache_dir, limit, world, batch, epochs) -> float | None:
 
 def run(setup, fraction: float, out: str, plot: bool = True, with_grid: bool = False, peers: bool = True) -> list[dict]:
     from shardfeed.formats import open_index
-    from shardfeed.tools.bench.throttled_http import ThrottledServer
+    from shardfeed.tools.bench.throttled_http import ServerProcess
 
     samples, payload, epochs, rate, latency, batch, compute_s = setup
     work = tempfile.mkdtemp(prefix="shardfeed-bench-remote-")
@@ -200,17 +211,21 @@ def run(setup, fraction: float, out: str, plot: bool = True, with_grid: bool = F
         table = []
         from shardfeed.cache import CacheLimitError
 
-        for name, whole in (("shardfeed", False), ("shardfeed (whole shards only)", True)):
-            with ThrottledServer(root, rate, latency) as srv:
+        predicted = {w: _predicted(root, os.path.join(work, f"plan-{w}"), limit, 1, batch, epochs, w) for w in (0, 2)}
+        for name, whole, workers in (("shardfeed", False, 0), ("shardfeed, 2 workers", False, 2),
+                                     ("shardfeed (whole shards only)", True, 0)):
+            with ServerProcess(root, rate, latency) as srv:
                 try:
-                    rows = _shardfeed(srv.url, os.path.join(work, f"c-{int(whole)}"), limit, epochs, batch,
-                                      compute_s, srv, whole)
+                    rows = _shardfeed(srv.url, os.path.join(work, f"c-{int(whole)}-{workers}"), limit, epochs, batch,
+                                      compute_s, srv, whole, workers)
                 except CacheLimitError as e:  # whole shards: one step's shards may not fit a small budget
                     rows = [dict(epoch="", bytes_fetched="", requests="", epoch_s="", stall="",
                                  classes_per_batch="", note=f"refused at start: needs {e.needed_bytes:,} bytes")]
             for r in rows:
                 x = r["bytes_fetched"] / data if r["bytes_fetched"] != "" else ""
-                table.append(dict(r, reader=name, x_dataset=x, bound_x=bound))
+                vs = r["bytes_fetched"] / predicted[workers] if (not whole and predicted[workers] and
+                                                                 r["epoch"] not in ("", 0)) else ""
+                table.append(dict(r, reader=name, x_dataset=x, bound_x=bound, vs_plan=vs))
         from shardfeed.tools.bench import remote_peers  # the peers read S3 through the same shaped link
 
         table += remote_peers.rows(setup, root, data, limit, bound, work) if peers else [

@@ -37,7 +37,7 @@ import time
 
 import numpy as np
 
-CLASSES = 10  # as remote.py
+CLASSES = 100  # as remote.py
 PER_SHARD = 16  # as remote.write_dataset
 RESULT = "REMOTE_PEER_RESULT "
 PEERS = (("MosaicML Streaming", "streaming"), ("LitData", "litdata"))

@@ -63,23 +63,27 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
-        if self.server.latency_s:
-            time.sleep(self.server.latency_s)
-        self.server.request()
-        size = os.path.getsize(path)
-        start, end = start_range_reply(self, size)
-        if not body:
-            return
-        if kind is not None and self._misbehave(kind, path, start, end):
-            return
-        with open(path, "rb") as f:
-            pos = start
-            while pos < end:
-                data = os.pread(f.fileno(), min(_CHUNK, end - pos), pos)
-                self.server.pace(len(data))
-                self.wfile.write(data)
-                pos += len(data)
-        self.server.count(end - start)
+        self.server.began(1)
+        try:
+            if self.server.latency_s:
+                time.sleep(self.server.latency_s)
+            self.server.request()
+            size = os.path.getsize(path)
+            start, end = start_range_reply(self, size)
+            if not body:
+                return
+            if kind is not None and self._misbehave(kind, path, start, end):
+                return
+            with open(path, "rb") as f:
+                pos = start
+                while pos < end:
+                    data = os.pread(f.fileno(), min(_CHUNK, end - pos), pos)
+                    self.server.pace(len(data))
+                    self.wfile.write(data)
+                    pos += len(data)
+            self.server.count(end - start)
+        finally:
+            self.server.began(-1)
 
 
     def _misbehave(self, kind: str, path: str, start: int, end: int) -> bool:
@@ -121,6 +125,11 @@ class ThrottledServer(ThreadingHTTPServer):
         self.latency_s = float(latency_s)
         self.bytes_sent = 0
         self.requests = 0
+        self.in_flight = 0  # requests being answered now
+        self.max_in_flight = 0  # the most answered at once (reset it to measure a span)
+        self._busy_s, self._busy_since = 0.0, 0.0  # time with at least one request answered (mean_in_flight)
+        self._flight_s = 0.0  # integral of in_flight over time
+        self._flight_at = time.monotonic()
         self._mu = threading.Lock()
         self._free_at = 0.0  # when the link is next free (monotonic)
         self.faults: list[list] = []  # [kind, suffix, times left] (inject)
@@ -158,6 +167,26 @@ class ThrottledServer(ThreadingHTTPServer):
                     return f[0]
         return None
 
+    def began(self, n: int) -> None:
+        """A request began (``n`` = 1) or ended (-1) being answered."""
+        with self._mu:
+            now = time.monotonic()
+            self._flight_s += self.in_flight * (now - self._flight_at)
+            if self.in_flight:
+                self._busy_s += now - self._flight_at
+            self._flight_at = now
+            self.in_flight += n
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+
+    def flight(self) -> tuple[float, float]:
+        """(request-seconds answered, seconds with a request answered) so far: their ratio over a span is
+        the mean number of requests in flight while any was."""
+        with self._mu:
+            now = time.monotonic()
+            flight = self._flight_s + self.in_flight * (now - self._flight_at)
+            busy = self._busy_s + (now - self._flight_at if self.in_flight else 0.0)
+            return flight, busy
+
     def request(self) -> None:
         with self._mu:
             self.requests += 1
@@ -173,3 +202,75 @@ class ThrottledServer(ThreadingHTTPServer):
     def __exit__(self, *exc):
         self.shutdown()
         self.server_close()
+
+
+class ServerProcess:
+    """A ThrottledServer in a process of its own (forked), so that its threads do not share the
+    readers' interpreter lock (at thousands of small requests a second, a server in the readers'
+    process took as much CPU as the readers). ``url``, ``bytes_sent``, ``requests``,
+    ``max_in_flight`` (``reset_max()``) and ``flight()`` read the child's counters."""
+
+    def __init__(self, root: str, bytes_per_s: float, latency_s: float = 0.0):
+        import multiprocessing as mp
+
+        ctx = mp.get_context("fork")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve_child, args=(child, root, bytes_per_s, latency_s), daemon=True)
+        self.rate, self.latency_s = float(bytes_per_s), float(latency_s)
+        self._proc.start()
+        self.url = self._conn.recv()
+
+    def _ask(self, what: str):
+        self._conn.send(what)
+        return self._conn.recv()
+
+    @property
+    def bytes_sent(self) -> int:
+        return self._ask("bytes_sent")
+
+    @property
+    def requests(self) -> int:
+        return self._ask("requests")
+
+    @property
+    def max_in_flight(self) -> int:
+        return self._ask("max_in_flight")
+
+    def reset_max(self) -> None:
+        self._ask("reset_max")
+
+    def flight(self) -> tuple[float, float]:
+        return self._ask("flight")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            self._ask("stop")
+        except (OSError, EOFError):
+            pass
+        self._proc.join(timeout=10)
+        if self._proc.is_alive():
+            self._proc.kill()
+
+
+def _serve_child(conn, root: str, bytes_per_s: float, latency_s: float) -> None:
+    with ThrottledServer(root, bytes_per_s, latency_s) as srv:
+        conn.send(srv.url)
+        while True:
+            try:
+                what = conn.recv()
+            except EOFError:
+                return
+            if what == "stop":
+                conn.send(None)
+                return
+            if what == "reset_max":
+                with srv._mu:
+                    srv.max_in_flight = srv.in_flight
+                conn.send(None)
+            elif what == "flight":
+                conn.send(srv.flight())
+            else:
+                conn.send(getattr(srv, what))
