@@ -142,7 +142,7 @@ class LogMirror:
         """``url`` into ``dest`` (revalidated if held); False when the source has no such object."""
         self.requests += 1
         try:
-            _copy(url, dest, self.cache, max_bytes)
+            _copy(url, dest, self.cache, max_bytes, versioned=max_bytes != _MAX_LOG_ENTRY)
             return True
         except ShardError as e:
             if isinstance(e.__cause__, FileNotFoundError):

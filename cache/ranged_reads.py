@@ -57,7 +57,8 @@ PLAN_ENTRY_BYTES = 96  # one key's entry in a published lookahead plan (JSON key
 
 
 def plan_bytes(shards: int, ranged: bool) -> int:
-    return 2 * (2 if ranged else 1) * PLAN_ENTRY_BYTES * min(int(shards), 4096)
+    # each file in whole disk blocks (the budget charges blocks: budget.py)
+    return 2 * cm.rounded_blocks((2 if ranged else 1) * PLAN_ENTRY_BYTES * min(int(shards), 4096))
 _USED_TTL_S = 0.02  # a budget scan lists the cache folder: reuse its answer this long (other ranks admit too)
 
 _policies: dict[tuple, RangePolicy] = {}
@@ -80,14 +81,19 @@ def use_ranges(index) -> bool:
 class RangePolicy:
     """Whole shard or sample ranges, per miss (see the module docstring); one per process and cache."""
 
-    def __init__(self, cache, total_bytes: int, samples: int = 1):
+    def __init__(self, cache, total_bytes: int, samples: int = 1, sidecar_bytes: int | None = None, shards: int = 0):
         self.cache = cache
+        self.total_blocks = total_bytes + int(shards) * cm.BLOCK  # the shards on disk (``of``: exactly)
         self.samples = max(1, int(samples))
         self.cost = CostModel()
         self.fetcher = RangeFetcher(cache, self.cost, self.observe_sidecar)
         self.total_bytes = total_bytes
         self._seen_sidecars: dict[str, tuple[int, int]] = {}  # url -> (sidecar bytes, shard bytes)
         self.sidecar_share = SIDECAR_SHARE
+        # before any sidecar is measured, whether everything fits is judged on the index's upper estimate of
+        # them (reads.entry_bytes), never on less: a policy that took the data for fitting admits whole
+        # shards unclaimed, and readers then waited for room only their own pins held
+        self._sidecars_est = sidecar_bytes
         self.working = 0  # bytes the node's ranges pin at once at worst (working_set)
         self.fixed = 0  # bytes eviction cannot free (mirrored index, plans)
         self.expected = 0  # bytes the node's ranges hold on average (cost_model.expected_working)
@@ -103,8 +109,13 @@ class RangePolicy:
         # the reserve holds what ranges pin at worst (working_set) and what eviction cannot free
         limit, total = self.cache.limit_bytes, self.total_bytes
         seen = list(self._seen_sidecars.values())
-        measured = sum(a for a, _ in seen) / max(1, sum(b for _, b in seen)) if seen else 0.0
-        self.fits = total * (1 + measured) <= limit * 1.002  # sidecars as measured so far (a budget of exactly all)
+        if seen:  # in the disk's blocks, as measured so far
+            sidecars = total * sum(cm.rounded_blocks(a) for a, _ in seen) / max(1, sum(b for _, b in seen))
+        else:  # the estimate counts the blocks of each file
+            sidecars = self._sidecars_est if self._sidecars_est is not None else total * self.sidecar_share
+        # everything the cache holds at once, in the disk's blocks: shards, their sidecars and what eviction
+        # cannot free
+        self.fits = self.total_blocks + sidecars + self.fixed <= limit
         self.reserve = 0 if self.fits else range_reserve(limit, total, self.sidecar_share, self.samples, self.batch,
                                                          self.held, self.working, self.fixed, self.headroom)
         self.expected = cm.window_held(limit, total, self.sidecar_share, self.samples, self.batch, self.held,
@@ -157,7 +168,14 @@ class RangePolicy:
         with _mu:
             p = _policies.get(key)
             if p is None or p.cache is not cache:
-                p = _policies[key] = cls(cache, int(np.asarray(index.sizes).sum()), int(index.num_samples))
+                from shardfeed.cache.reads import entry_bytes
+
+                sizes = np.asarray(index.sizes, np.int64)
+                total, on_disk = int(sizes.sum()), int(cm.rounded_blocks_array(sizes).sum())
+                p = _policies[key] = cls(cache, total, int(index.num_samples), int(entry_bytes(index).sum()) - on_disk,
+                                         len(index))
+                p.total_blocks = on_disk
+                p._sized()
             return p
 
     def used(self) -> int:
@@ -204,11 +222,15 @@ class RangePolicy:
         same free room."""
         import uuid
 
-        from shardfeed.cache.budget import ADMIT
+        from shardfeed.cache.budget import ADMIT, rounded
         from shardfeed.cache.locks import FileLock
 
         cache = self.cache
         key = cache.key_for(ref.url, ref.hash, ref.version)
+        # the room of its sidecar too, fetched right after it (budget._drop_orphans keeps it that long):
+        # unclaimed, a reader could wait for it while the node's readers pinned every other byte
+        block = cache.budget.block
+        size = rounded(size, block) + rounded(int(size * self.sidecar_share), block) + block
         with FileLock(os.path.join(cache.cache_dir, ".cache.lock")):
             used = self.cache.budget.whole_bytes()
             if used + pending + size + self.reserve > cache.limit_bytes:
@@ -283,7 +305,7 @@ class RangedShards(CachedShards):
         try:
             self._sort_out(cache, policy, shard, local, todo)
             fetched = ensure_all(policy.fetcher, [(ref, mine, count) for _, ref, mine, count, _ in todo],
-                                 self._give_back)
+                                 self.on_wait)
         except BaseException:
             for *_, pin in todo:
                 pin.release()
@@ -346,14 +368,28 @@ class RangedShards(CachedShards):
         for _s, ref, *_ in token:
             policy.fetcher.drop_superseded(ref)  # admitted whole (here or by another rank) while pinned
 
-    def _give_back(self) -> None:
-        """Consumed samples a fetch kept from being punched, again (at finish; while waiting for room)."""
-        if self._unpunched and self._giving.acquire(blocking=False):  # late_ranges' threads wait at once
+    def on_wait(self) -> None:
+        """A fetch of this reader waits for room: consumed samples punched, idle shards closed."""
+        if self._giving.acquire(blocking=False):  # late_ranges' threads wait at once
             try:
-                fetcher = self.policy().fetcher
-                self._unpunched = [(r, m) for r, m in self._unpunched if not fetcher.punch_consumed(r, m)]
+                self._give_back_locked()
+                if self.let_go is not None:
+                    self.let_go()
             finally:
                 self._giving.release()
+
+    def _give_back(self) -> None:
+        """Consumed samples a fetch kept from being punched, again (at finish)."""
+        if self._unpunched and self._giving.acquire(blocking=False):
+            try:
+                self._give_back_locked()
+            finally:
+                self._giving.release()
+
+    def _give_back_locked(self) -> None:
+        if self._unpunched:
+            fetcher = self.policy().fetcher
+            self._unpunched = [(r, m) for r, m in self._unpunched if not fetcher.punch_consumed(r, m)]
 
     def path_of(self, i: int) -> str:
         if i in self._partial and self._kind.get(i) != WHOLE:

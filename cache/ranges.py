@@ -295,7 +295,8 @@ class RangeFetcher:
 
                 raise Cancelled(ref.url)
             tmp = self.cache.budget.make_room_and_create(key, "", b - a, ref.url, headroom=headroom,
-                                                         for_step=for_step, held=held, on_wait=on_wait)
+                                                         for_step=for_step, held=held, on_wait=on_wait,
+                                                         sparse=True)  # room in the partial copy
             try:
                 t0 = time.monotonic()
                 data = with_retries(ref.url, f"reading bytes {a}-{b - 1}",

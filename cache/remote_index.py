@@ -48,12 +48,16 @@ def mirror_folder(url: str, cache: ShardCache) -> str:
     return os.path.join(cache.cache_dir, "datasets", xxhash.xxh3_128_hexdigest(url.rstrip("/").encode())[:20])
 
 
-def _copy(url: str, dest: str, cache: ShardCache, max_bytes: int = _MAX_META_BYTES) -> bool:
+def _copy(url: str, dest: str, cache: ShardCache, max_bytes: int = _MAX_META_BYTES, versioned: bool = True) -> bool:
     """Bring ``url`` to ``dest`` unless ``dest`` already holds the same version
-    (a conditional GET over HTTP, an ETag compare elsewhere); True if it was fetched."""
+    (a conditional GET over HTTP, an ETag compare elsewhere); True if it was fetched.
+    ``versioned=False`` (a commit log entry: immutable, a few hundred bytes): no
+    version kept beside it, as its attribute would take a disk block of its own on
+    filesystems with small inodes, doubling the disk each commit holds; asked
+    again, it is read again (one request either way)."""
     opts = cache.fetch_options
     src = open_source(url, cache.storage_options, opts.stall_s, opts.min_rate)
-    known = _known(dest)
+    known = _known(dest) if versioned else None
     cache._add(requests=1)
     if hasattr(src, "get_small"):
         ident, data = with_retries(url, "reading it", lambda: src.get_small(max_bytes, known), opts)
@@ -70,12 +74,14 @@ def _copy(url: str, dest: str, cache: ShardCache, max_bytes: int = _MAX_META_BYT
         cache._add(requests=1)
         data = with_retries(url, "reading it", lambda: src.read_range(0, size), opts) if size else b""
     # inside the cache's budget like a shard: room made first, renamed under the node lock
-    tmp = cache.budget.make_room_and_create(os.path.basename(dest), "", len(data), url, os.path.dirname(dest))
+    tmp = cache.budget.make_room_and_create(os.path.basename(dest), "", len(data), url, os.path.dirname(dest),
+                                            xattr=_VERSION_XATTR if versioned else None)
     try:
         with open(tmp, "r+b") as f:
             f.write(data)
         try:
-            os.setxattr(tmp, _VERSION_XATTR, json.dumps([ident.size, ident.etag, ident.modified]).encode())
+            if versioned:
+                os.setxattr(tmp, _VERSION_XATTR, json.dumps([ident.size, ident.etag, ident.modified]).encode())
         except OSError:
             pass  # no xattrs here: the next mirror fetches it again (never stale)
         with cache.budget.locked():
@@ -126,9 +132,13 @@ def mirror_index(url: str, cache: ShardCache) -> str:
         return url[len("file://"):] if url.startswith("file://") else url  # already local: nothing to copy
     folder = mirror_folder(url, cache)
     os.makedirs(os.path.join(folder, LOG_DIR), exist_ok=True)
-    if not os.path.exists(os.path.join(folder, "source.txt")):
-        with open(os.path.join(folder, "source.txt"), "w") as f:
-            f.write(url + "\n")  # for people looking at the cache folder (a few bytes, once)
+    if not os.path.exists(os.path.join(folder, "source.txt")):  # for people looking at the cache folder
+        text = (url + "\n").encode()
+        tmp = cache.budget.make_room_and_create("source.txt", "", len(text), url, folder)  # a block, in the budget
+        with open(tmp, "r+b") as f:
+            f.write(text)
+        with cache.budget.locked():
+            os.replace(tmp, os.path.join(folder, "source.txt"))
     have_index = True
     try:
         _copy(f"{url}/{INDEX_NAME}", os.path.join(folder, INDEX_NAME), cache)
@@ -144,7 +154,7 @@ def mirror_index(url: str, cache: ShardCache) -> str:
         if _SEQ_RE.match(name):
             os.unlink(os.path.join(folder, LOG_DIR, name))  # gone at the source (rewritten log)
     for name in log:
-        _copy(f"{url}/{LOG_DIR}/{name}", os.path.join(folder, LOG_DIR, name), cache, _MAX_LOG_ENTRY)
+        _copy(f"{url}/{LOG_DIR}/{name}", os.path.join(folder, LOG_DIR, name), cache, _MAX_LOG_ENTRY, versioned=False)
     if not have_index and not log:
         raise ShardError(url, f"no {INDEX_NAME} and no readable {LOG_DIR}/ commit log here; write the dataset "
                               "with ShardWriter or index it with `shardfeed convert` before reading it remotely")

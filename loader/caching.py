@@ -309,7 +309,10 @@ class LoaderCache:
         if frac_after < 1.0:
             node_bytes = min(int(sizes.sum()), int(node_bytes / frac_after))
         room = self.belady_room()
-        warm = belady_bytes(np.concatenate([reads, after]), sizes, room) - belady_bytes(reads, sizes, room)
+        # the room holds what the budget charges each shard (its blocks and its sidecar's); bytes fetched are the shards'
+        charge = entry_bytes(self.ds.index)
+        warm = belady_bytes(np.concatenate([reads, after]), charge, room) - belady_bytes(reads, charge, room)
+        warm = warm * int(sizes.sum()) / max(1, int(charge.sum()))
         return {"node_bytes": node_bytes, "fetched_bytes": int(warm / max(frac_after, 1e-9)),
                 "fraction_simulated": frac_after}
 
