@@ -26,58 +26,16 @@ import os
 import time
 import uuid
 
+from shardfeed.cache.admission import ADMIT, admission_held
+from shardfeed.cache.disk_blocks import ATTR_MARK, block_size, on_disk, rounded, temp_bytes
 from shardfeed.cache.locks import FileLock
 from shardfeed.cache.lookahead import victim_order
 from shardfeed.formats import ShardError
-from shardfeed.formats.staging import pid_alive
 
 SIDECAR = ".idx"
 PARTIAL = "r-"  # key prefix of a partial copy (ranges.py)
 _NEVER = 1 << 62  # a step after every planned one (a prefetch with headroom evicts only what no plan reads)
 NO_SIDECAR = ".noidx"  # marker: the source has no sidecar for this shard (a foreign tar)
-
-
-_block_sizes: dict[str, int] = {}
-
-
-def block_size(folder: str) -> int:
-    """The allocation unit of the filesystem holding ``folder`` (4096 when it does not say)."""
-    got = _block_sizes.get(folder)
-    if got is None:
-        try:
-            st = os.statvfs(folder)
-            got = int(st.f_frsize or st.f_bsize or 4096)
-        except OSError:
-            got = 4096
-        _block_sizes[folder] = got
-    return got
-
-
-def rounded(size: int, block: int) -> int:
-    """``size`` bytes rounded up to whole blocks of ``block`` bytes."""
-    return -(-int(size) // block) * block
-
-
-def on_disk(size: int, blocks: int, block: int, sparse: bool = False) -> int:
-    """What a file holds of the disk: its allocated blocks (``st_blocks``), never less than its
-    size in whole blocks (delayed allocation, a reservation not yet written); ``sparse``: a partial
-    copy, its allocated blocks alone (its holes hold nothing)."""
-    return blocks * 512 if sparse else max(blocks * 512, rounded(size, block))
-
-
-def empty_cache_bytes(block: int = 4096) -> int:
-    """What a cache folder holds before it holds anything: its folders (itself, ``data/``,
-    ``locks/``), a block each while they list few entries."""
-    return 3 * block
-
-
-ATTR_MARK = ".a"  # ends the name of a temporary that will carry an attribute: charged a block more
-
-
-def temp_bytes(name: str, size: int, blocks: int, block: int) -> int:
-    """A temporary's charge: its size in blocks (preallocated, or a reservation), and the block its
-    attribute may take once set (where the filesystem keeps attributes outside the inode)."""
-    return on_disk(size, blocks, block) + (block if name.endswith(ATTR_MARK) else 0)
 
 
 class CacheLimitError(ShardError):
@@ -341,7 +299,7 @@ class Budget:
         for key, path, size in temps:
             if path in self._live:
                 continue  # this fetch's own shard temporary, while it writes a file beside it
-            if key != mine and _admission_held(path):
+            if key != mine and admission_held(path):
                 continue  # room a live process admitted a whole shard into (ranged_reads.py), before its fetch
             if key == mine:
                 if shard_bytes is not None and ADMIT in path and size > shard_bytes:
@@ -396,26 +354,6 @@ class Budget:
         finally:
             pin.release()
         return True
-
-
-ADMIT = ".tmp-admit-"  # a placeholder holding room for a whole shard admitted, until its fetch starts
-ADMIT_HOLD_S = 60.0  # longer than any admission waits for its fetch to start (a fetch lock another holds)
-
-
-def _admission_held(path: str) -> bool:
-    """Whether the placeholder ``path`` (``<key>.tmp-admit-<pid>-<id>``) still holds its room:
-    its process lives and it is recent. Nobody holds its key's fetch lock before the fetch
-    starts, so without this any budget scan took it for a dead fetcher's temporary and
-    dropped it, and concurrent admissions (other ranks) overfilled the whole shards' room."""
-    name = os.path.basename(path)
-    if ADMIT not in name:
-        return False
-    try:
-        pid = int(name.split(ADMIT, 1)[1].split("-", 1)[0])
-        age = time.time() - os.stat(path).st_mtime
-    except (ValueError, OSError):
-        return False
-    return age < ADMIT_HOLD_S and pid_alive(pid)
 
 
 def unlink_quiet(path: str) -> None:

@@ -56,8 +56,7 @@ PLAN_ENTRY_BYTES = 96  # one key's entry in a published lookahead plan (JSON key
 # new file is written beside the old one); SharedLookahead.max_bytes keeps it within this
 
 
-def plan_bytes(shards: int, ranged: bool) -> int:
-    # each file in whole disk blocks (the budget charges blocks: budget.py)
+def plan_bytes(shards: int, ranged: bool) -> int:  # each file in whole disk blocks, as the budget charges it
     return 2 * cm.rounded_blocks((2 if ranged else 1) * PLAN_ENTRY_BYTES * min(int(shards), 4096))
 _USED_TTL_S = 0.02  # a budget scan lists the cache folder: reuse its answer this long (other ranks admit too)
 
@@ -81,19 +80,17 @@ def use_ranges(index) -> bool:
 class RangePolicy:
     """Whole shard or sample ranges, per miss (see the module docstring); one per process and cache."""
 
-    def __init__(self, cache, total_bytes: int, samples: int = 1, sidecar_bytes: int | None = None, shards: int = 0):
+    def __init__(self, cache, total_bytes: int, samples: int = 1, sidecar_bytes: int | None = None,
+                 total_blocks: int | None = None):
         self.cache = cache
-        self.total_blocks = total_bytes + int(shards) * cm.BLOCK  # the shards on disk (``of``: exactly)
+        self.total_blocks = total_bytes if total_blocks is None else total_blocks  # the shards in the disk's blocks
         self.samples = max(1, int(samples))
         self.cost = CostModel()
         self.fetcher = RangeFetcher(cache, self.cost, self.observe_sidecar)
         self.total_bytes = total_bytes
         self._seen_sidecars: dict[str, tuple[int, int]] = {}  # url -> (sidecar bytes, shard bytes)
         self.sidecar_share = SIDECAR_SHARE
-        # before any sidecar is measured, whether everything fits is judged on the index's upper estimate of
-        # them (reads.entry_bytes), never on less: a policy that took the data for fitting admits whole
-        # shards unclaimed, and readers then waited for room only their own pins held
-        self._sidecars_est = sidecar_bytes
+        self._sidecars_est = sidecar_bytes  # the index's upper estimate, in blocks, until one is measured
         self.working = 0  # bytes the node's ranges pin at once at worst (working_set)
         self.fixed = 0  # bytes eviction cannot free (mirrored index, plans)
         self.expected = 0  # bytes the node's ranges hold on average (cost_model.expected_working)
@@ -109,12 +106,10 @@ class RangePolicy:
         # the reserve holds what ranges pin at worst (working_set) and what eviction cannot free
         limit, total = self.cache.limit_bytes, self.total_bytes
         seen = list(self._seen_sidecars.values())
-        if seen:  # in the disk's blocks, as measured so far
-            sidecars = total * sum(cm.rounded_blocks(a) for a, _ in seen) / max(1, sum(b for _, b in seen))
-        else:  # the estimate counts the blocks of each file
-            sidecars = self._sidecars_est if self._sidecars_est is not None else total * self.sidecar_share
-        # everything the cache holds at once, in the disk's blocks: shards, their sidecars and what eviction
-        # cannot free
+        sidecars = total * sum(cm.rounded_blocks(a) for a, _ in seen) / max(1, sum(b for _, b in seen)) if seen \
+            else self._sidecars_est if self._sidecars_est is not None else total * self.sidecar_share
+        # all of it at once in the disk's blocks, with what eviction cannot free (taken for fitting on less, whole
+        # shards were admitted unclaimed and readers waited for room only their own pins held)
         self.fits = self.total_blocks + sidecars + self.fixed <= limit
         self.reserve = 0 if self.fits else range_reserve(limit, total, self.sidecar_share, self.samples, self.batch,
                                                          self.held, self.working, self.fixed, self.headroom)
@@ -171,11 +166,9 @@ class RangePolicy:
                 from shardfeed.cache.reads import entry_bytes
 
                 sizes = np.asarray(index.sizes, np.int64)
-                total, on_disk = int(sizes.sum()), int(cm.rounded_blocks_array(sizes).sum())
-                p = _policies[key] = cls(cache, total, int(index.num_samples), int(entry_bytes(index).sum()) - on_disk,
-                                         len(index))
-                p.total_blocks = on_disk
-                p._sized()
+                blocks = int(cm.rounded_blocks_array(sizes).sum())
+                p = _policies[key] = cls(cache, int(sizes.sum()), int(index.num_samples),
+                                         int(entry_bytes(index).sum()) - blocks, blocks)
             return p
 
     def used(self) -> int:
@@ -215,34 +208,13 @@ class RangePolicy:
         return way
 
     def _claim(self, ref: ShardRef, size: int, pending: int) -> bool:
-        """Admit a whole shard for good: under the node's budget lock, check the room again
-        and hold it with a placeholder temporary of the shard's size (sparse: no disk), which
-        the shard's own fetch drops when it starts (budget.py: a temporary of the key it
-        fetches). Several ranks and threads deciding at once would otherwise all see the
-        same free room."""
-        import uuid
+        """Admit a whole shard for good, its room held (admission.claim)."""
+        from shardfeed.cache.admission import claim
 
-        from shardfeed.cache.budget import ADMIT, rounded
-        from shardfeed.cache.locks import FileLock
-
-        cache = self.cache
-        key = cache.key_for(ref.url, ref.hash, ref.version)
-        # the room of its sidecar too, fetched right after it (budget._drop_orphans keeps it that long):
-        # unclaimed, a reader could wait for it while the node's readers pinned every other byte
-        block = cache.budget.block
-        size = rounded(size, block) + rounded(int(size * self.sidecar_share), block) + block
-        with FileLock(os.path.join(cache.cache_dir, ".cache.lock")):
-            used = self.cache.budget.whole_bytes()
-            if used + pending + size + self.reserve > cache.limit_bytes:
-                self._used = (time.monotonic(), used)
-                return False
-            if os.path.exists(os.path.join(cache.data_dir, key)):
-                return True
-            tmp = os.path.join(cache.data_dir, f"{key}{ADMIT}{os.getpid()}-{uuid.uuid4().hex[:8]}")
-            with open(tmp, "wb") as f:
-                f.truncate(size)
-            self._used = (time.monotonic(), used + size)
-        return True
+        key = self.cache.key_for(ref.url, ref.hash, ref.version)
+        ok, used = claim(self.cache, key, size, self.sidecar_share, self.cache.limit_bytes - pending - self.reserve)
+        self._used = (time.monotonic(), used)
+        return ok
 
     def ranges_cost(self, ref: ShardRef, local):
         """() -> cost of fetching samples ``local`` of ``ref`` as ranges, or None when its
@@ -369,27 +341,19 @@ class RangedShards(CachedShards):
             policy.fetcher.drop_superseded(ref)  # admitted whole (here or by another rank) while pinned
 
     def on_wait(self) -> None:
-        """A fetch of this reader waits for room: consumed samples punched, idle shards closed."""
-        if self._giving.acquire(blocking=False):  # late_ranges' threads wait at once
+        self._give_back(let_go=True)
+
+    def _give_back(self, let_go: bool = False) -> None:
+        """Consumed samples a fetch kept from being punched, again (at finish; while a fetch waits for
+        room, ``let_go``, with the shards this reader keeps open idle closed: CachedShards.let_go)."""
+        if (self._unpunched or let_go) and self._giving.acquire(blocking=False):  # late_ranges' threads wait at once
             try:
-                self._give_back_locked()
-                if self.let_go is not None:
+                fetcher = self.policy().fetcher
+                self._unpunched = [(r, m) for r, m in self._unpunched if not fetcher.punch_consumed(r, m)]
+                if let_go and self.let_go is not None:
                     self.let_go()
             finally:
                 self._giving.release()
-
-    def _give_back(self) -> None:
-        """Consumed samples a fetch kept from being punched, again (at finish)."""
-        if self._unpunched and self._giving.acquire(blocking=False):
-            try:
-                self._give_back_locked()
-            finally:
-                self._giving.release()
-
-    def _give_back_locked(self) -> None:
-        if self._unpunched:
-            fetcher = self.policy().fetcher
-            self._unpunched = [(r, m) for r, m in self._unpunched if not fetcher.punch_consumed(r, m)]
 
     def path_of(self, i: int) -> str:
         if i in self._partial and self._kind.get(i) != WHOLE:

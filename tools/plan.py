@@ -195,7 +195,7 @@ def _open(args):
             side += os.path.getsize(index.path(i) + ".idx")
         except OSError:
             pass
-    from shardfeed.cache.budget import empty_cache_bytes
+    from shardfeed.cache.disk_blocks import empty_cache_bytes
 
     return index, side / max(1, int(index.sizes.sum())), empty_cache_bytes()
 

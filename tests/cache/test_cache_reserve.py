@@ -14,7 +14,8 @@ import pytest
 
 from conftest import labelled_sample
 from shardfeed.cache import ShardCache
-from shardfeed.cache.budget import Budget, NoRoom, empty_cache_bytes
+from shardfeed.cache.budget import Budget, NoRoom
+from shardfeed.cache.disk_blocks import empty_cache_bytes
 from shardfeed.cache.ranged_reads import RangePolicy
 from shardfeed.cache.simulate import Accesses, simulate_ranged
 from shardfeed.formats import ShardWriter, open_index
@@ -137,7 +138,8 @@ def test_an_admitted_shards_room_stays_held_until_its_fetch_starts(tmp_path):
     must not take it for a dead fetcher's temporary (nobody holds its fetch lock yet): with 4
     ranks admitting at once, the whole shards overfilled their room (16 where 12 fit) and the
     readers' batches no longer did. A dead process's placeholder is dropped."""
-    from shardfeed.cache.budget import ADMIT, CacheLimitError
+    from shardfeed.cache.admission import ADMIT
+    from shardfeed.cache.budget import CacheLimitError
 
     cdir = str(tmp_path)
     data = os.path.join(cdir, "data")

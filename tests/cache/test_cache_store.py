@@ -12,7 +12,7 @@ import xxhash
 
 from cache_servers import Fault, RangeServer, fetch_in_child, pin_in_child
 from shardfeed.cache import CacheLimitError, FetchOptions, ShardCache
-from shardfeed.cache.budget import empty_cache_bytes
+from shardfeed.cache.disk_blocks import empty_cache_bytes
 
 FAST = FetchOptions(range_bytes=64 << 10, threads=4, attempts=3, backoff_s=0.01, stall_s=5.0)
 
