@@ -1,8 +1,9 @@
 """Remote datasets: the index mirrored into the cache folder, shards by row.
 
 ``mirror_index(url, cache)`` copies ``index.arrow`` and the commit log
-(``_log/<seq>.json``, when the store can list it: S3/GCS always, HTTP when
-the server answers a folder with an HTML listing) into
+(``_log/<seq>.json`` after the last commit index.arrow folds, when the store
+can list it: S3/GCS always, HTTP when the server answers a folder with an
+HTML listing; LOG_FETCHES entries asked at once) into
 ``<cache_dir>/datasets/<hash of url>/``, a folder that
 ``shardfeed.formats.open_index`` opens like any local dataset (the index
 checks its own digest there). Each file is written to a temporary name and
@@ -28,6 +29,8 @@ import contextlib
 import json
 import os
 import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import xxhash
 
@@ -35,10 +38,38 @@ from shardfeed.cache.fetch import with_retries
 from shardfeed.cache.sources import open_source, scheme_of
 from shardfeed.cache.store import ShardCache, ShardRef
 from shardfeed.formats import ShardError, open_index
+from shardfeed.formats.commit_log import base_log_seq
 from shardfeed.formats.index import INDEX_NAME, LOG_DIR, DatasetIndex
 from shardfeed.formats.staging import pid_alive
 
 _SEQ_RE = re.compile(r"^\d{12}\.json$")
+LOG_FETCHES = 16  # commit log entries asked at once (each a round trip of a few hundred bytes: latency-bound)
+_pool: tuple[int, ThreadPoolExecutor] | None = None  # (pid, pool): a forked process makes its own
+_pool_mu = threading.Lock()
+
+
+def fetch_together(fn, items) -> list:
+    """``fn(item)`` of each of ``items``, at most LOG_FETCHES at once, results in order; the first
+    error (in ``items``' order) is raised once every call has ended."""
+    items = list(items)
+    if len(items) <= 1:
+        return [fn(x) for x in items]
+    global _pool
+    with _pool_mu:
+        if _pool is None or _pool[0] != os.getpid():
+            _pool = (os.getpid(), ThreadPoolExecutor(LOG_FETCHES, thread_name_prefix="shardfeed-log"))
+        pool = _pool[1]
+    futures = [pool.submit(fn, x) for x in items]
+    out, error = [], None
+    for f in futures:
+        try:
+            out.append(f.result())
+        except BaseException as e:  # noqa: BLE001 - raised below, after the other fetches ended
+            error = error or e
+            out.append(None)
+    if error is not None:
+        raise error
+    return out
 _MAX_META_BYTES = 1 << 30  # an index of 100,000 shards is a few MB; refuse absurd claims before allocating
 _MAX_LOG_ENTRY = 1 << 16  # one commit is a small JSON object (as formats/remote_log.py reads them)
 _VERSION_XATTR = "user.shardfeed.source"
@@ -153,8 +184,11 @@ def mirror_index(url: str, cache: ShardCache) -> str:
     for name in set(os.listdir(os.path.join(folder, LOG_DIR))) - set(log):
         if _SEQ_RE.match(name):
             os.unlink(os.path.join(folder, LOG_DIR, name))  # gone at the source (rewritten log)
-    for name in log:
-        _copy(f"{url}/{LOG_DIR}/{name}", os.path.join(folder, LOG_DIR, name), cache, _MAX_LOG_ENTRY, versioned=False)
+    # index.arrow folds the log up to its log_seq (`shardfeed compact`): only the entries after it are read
+    base = base_log_seq(folder) if have_index else 0
+    fetch_together(lambda name: _copy(f"{url}/{LOG_DIR}/{name}", os.path.join(folder, LOG_DIR, name), cache,
+                                      _MAX_LOG_ENTRY, versioned=False),
+                   [n for n in log if int(n[:12]) > base])
     if not have_index and not log:
         raise ShardError(url, f"no {INDEX_NAME} and no readable {LOG_DIR}/ commit log here; write the dataset "
                               "with ShardWriter or index it with `shardfeed convert` before reading it remotely")

@@ -63,6 +63,19 @@ class _Handler(BaseHTTPRequestHandler):
         self._serve(body=True)
 
     def _serve(self, body: bool):
+        srv = self.server
+        with srv._mu:
+            srv.in_flight += 1
+            srv.max_in_flight = max(srv.max_in_flight, srv.in_flight)
+        try:
+            if srv.latency_s:
+                time.sleep(srv.latency_s)  # an object store's time to first byte, requests side by side
+            self._serve_now(body)
+        finally:
+            with srv._mu:
+                srv.in_flight -= 1
+
+    def _serve_now(self, body: bool):
         path, rel = self._file()
         self.server.count(rel, self.command)
         fault = self.server.take_fault(rel, self.command)
@@ -150,9 +163,13 @@ class _Handler(BaseHTTPRequestHandler):
 class RangeServer(ThreadingHTTPServer):
     """``RangeServer(root)``: serves ``root`` on 127.0.0.1 in a thread, with
     ETag / Last-Modified, If-None-Match (304) and If-Match (412); ``url``,
-    ``requests`` (GETs per relative path), ``heads``, ``faults`` (list of Fault)."""
+    ``requests`` (GETs per relative path), ``heads``, ``faults`` (list of Fault);
+    ``latency_s`` added to every request, ``max_in_flight`` requests served at once."""
 
     daemon_threads = True
+    # the listen backlog: at socketserver's 5, a client opening many connections at once lost SYNs and
+    # waited the kernel's 1 s retransmit for some (an object store takes them all)
+    request_queue_size = 128
 
     def __init__(self, root: str):
         super().__init__(("127.0.0.1", 0), _Handler)
@@ -162,6 +179,8 @@ class RangeServer(ThreadingHTTPServer):
         self.body_bytes: dict[str, int] = {}
         self.faults: list[Fault] = []
         self.stopping = False
+        self.latency_s = 0.0
+        self.in_flight = self.max_in_flight = 0
         self._mu = threading.Lock()
         self.url = f"http://127.0.0.1:{self.server_address[1]}"
         self._thread = threading.Thread(target=self.serve_forever, name="test-http", daemon=True)
