@@ -3,14 +3,21 @@
 What counts: everything the cache writes: complete entries (shard plus
 sidecar), in-flight temporaries (preallocated to their full size so a
 directory scan sees them), and the mirrored dataset metadata and lookahead
-plans (``datasets/``, ``lookahead/``, never evicted). Making room, creating a
-temporary and renaming one into place all happen under one node-wide flock
-(``<cache_dir>/.cache.lock``): two fetches never overshoot the budget
-together, and no rename lands between a scan's listing and its sizes (which
-would hide a file from the count). Eviction takes entries in lookahead.victim_order and skips pinned
-ones; when all that is left is pinned or in flight, a fetch waits (readers
-finish shards and unpin) up to a timeout, then raises CacheLimitError with
-the limit that would have worked.
+plans (``datasets/``, ``lookahead/``, never evicted), and the folders
+themselves. Each file is charged what the disk allocates for it: its blocks
+(``st_blocks``), never less than its size rounded up to the filesystem's
+block (a file still being written), a sparse partial copy by its allocated
+blocks alone; a file that carries an extended attribute may take a block
+for it, reserved before it is set. So ``du`` of the folder never exceeds
+the limit, whatever the files' sizes (a 170-byte log entry takes a block).
+Making room, creating a temporary and renaming one into place all happen
+under one node-wide flock (``<cache_dir>/.cache.lock``): two fetches never
+overshoot the budget together, and no rename lands between a scan's listing
+and its sizes (which would hide a file from the count). Eviction takes
+entries in lookahead.victim_order and skips pinned ones; when all that is
+left is pinned or in flight, a fetch waits (readers finish shards and unpin)
+up to a timeout, then raises CacheLimitError with the limit that would have
+worked.
 """
 
 from __future__ import annotations
@@ -19,10 +26,11 @@ import os
 import time
 import uuid
 
+from shardfeed.cache.admission import ADMIT, admission_held
+from shardfeed.cache.disk_blocks import ATTR_MARK, block_size, on_disk, rounded, temp_bytes
 from shardfeed.cache.locks import FileLock
 from shardfeed.cache.lookahead import victim_order
 from shardfeed.formats import ShardError
-from shardfeed.formats.staging import pid_alive
 
 SIDECAR = ".idx"
 PARTIAL = "r-"  # key prefix of a partial copy (ranges.py)
@@ -58,6 +66,9 @@ class Budget:
         self._count = count  # (**counter deltas) -> None
         self._live: set[str] = set()  # temporaries this object made that may still be written to
         self._sizes: dict[str, tuple] = {}  # name -> (inode, size, blocks, mtime) of content-keyed files (_scan)
+        self.block = block_size(cache_dir)
+        self._files: dict[str, tuple] = {}  # path -> (inode, bytes) of finished metadata files (_folder_bytes)
+        self._meta_now = 0  # metadata bytes at the last scan
 
     _after_listing = None  # tests: called between a scan's listing and its sizes (the rename race)
 
@@ -75,9 +86,10 @@ class Budget:
                 if e.name.startswith(PARTIAL) and ".tmp-" not in e.name:
                     continue
                 try:
-                    total += e.stat().st_size
+                    st = e.stat()
                 except FileNotFoundError:
-                    pass
+                    continue
+                total += on_disk(st.st_size, st.st_blocks, self.block)
         return total
 
     def locked(self) -> FileLock:
@@ -90,17 +102,47 @@ class Budget:
 
     def _meta_bytes(self, tops=("datasets", "lookahead"), settled: bool = False) -> int:
         """Mirrored indexes and logs, lookahead plans: counted, never evicted
-        (``settled``: without files being written now, the same on every rank)."""
+        (``settled``: without files being written now, the same on every rank), with the
+        folders holding them and the cache's own folders (a folder takes blocks too)."""
         total = 0
+        for d in (self.cache_dir, self.data_dir, self.lock_dir):
+            try:
+                total += os.lstat(d).st_blocks * 512
+            except FileNotFoundError:
+                pass
         for top in tops:
-            for dirpath, _, files in os.walk(os.path.join(self.cache_dir, top)):
-                for n in files:
-                    if settled and ".tmp-" in n:
+            for dirpath, _, _ in os.walk(os.path.join(self.cache_dir, top)):
+                total += self._folder_bytes(dirpath, settled)
+        return total
+
+    def _folder_bytes(self, folder: str, settled: bool) -> int:
+        """A metadata folder's own blocks and its files'. A finished file there (no ``.tmp`` in
+        its name) appears by a rename and goes by an unlink, never changing while it has its
+        name and inode, so its charge is remembered: a mirrored log of 10,000 entries is listed,
+        not stat-ed again, at every fetch's scan."""
+        try:
+            total = os.lstat(folder).st_blocks * 512
+            with os.scandir(folder) as it:
+                listed = list(it)
+        except FileNotFoundError:
+            return 0
+        for e in listed:
+            name = e.name
+            temp = ".tmp" in name
+            if settled and temp:
+                continue
+            memo = None if temp else self._files.get(e.path)
+            if memo is None or memo[0] != e.inode():
+                try:
+                    if e.is_dir(follow_symlinks=False):
                         continue
-                    try:
-                        total += os.lstat(os.path.join(dirpath, n)).st_size
-                    except FileNotFoundError:
-                        pass
+                    st = e.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                memo = (e.inode(), temp_bytes(name, st.st_size, st.st_blocks, self.block))
+                if not temp:
+                    self._files[e.path] = memo
+            total += memo[1]
         return total
 
     def _scan(self, fresh: bool = False):
@@ -115,6 +157,7 @@ class Budget:
         (last use of the entries as it is now, for LRU eviction)."""
         entries: dict[str, list] = {}
         tmp_bytes, temps = self._meta_bytes(), []
+        self._meta_now = tmp_bytes
         with os.scandir(self.data_dir) as it:
             listed = list(it)
         if self._after_listing is not None:
@@ -135,19 +178,21 @@ class Budget:
             _, size, blocks, mtime = memo
             key = name.split(".", 1)[0]
             if ".tmp-" in name:
-                tmp_bytes += size
-                temps.append((key, e.path, size))
+                charged = temp_bytes(name, size, blocks, self.block)  # preallocated, or a reservation (sparse)
+                tmp_bytes += charged
+                temps.append((key, e.path, charged))
                 continue
             rec = entries.setdefault(key, [0, 0.0])
             # a partial copy (ranged_reads.py) is sparse: count the disk it holds, not its size
-            rec[0] += blocks * 512 if name.startswith("r-") and "." not in name else size
+            rec[0] += on_disk(size, blocks, self.block, sparse=name.startswith("r-") and "." not in name)
             if "." not in name:
                 rec[1] = mtime
         self._sizes = seen
         return {k: (b, t) for k, (b, t) in entries.items()}, tmp_bytes, temps
 
     def make_room_and_create(self, key: str, suffix: str, size: int, url: str, folder: str | None = None,
-                             headroom: int = 0, for_step: int | None = None, held=None, on_wait=None) -> str:
+                             headroom: int = 0, for_step: int | None = None, held=None, on_wait=None,
+                             done=None, xattr: str | None = None, sparse: bool = False) -> str | None:
         """A new temporary for ``key`` of ``size`` bytes, within the budget; the
         caller holds ``key``'s fetch lock (or, with ``folder``, writes a
         metadata file there: ``<folder>/<key>.tmp-...``). Rename it into place
@@ -166,7 +211,18 @@ class Budget:
         first (a reader's consumed samples not yet given back): a fetch waiting
         with its lock held kept others from punching consumed samples out of that
         copy, and two ranks at the start check's figure could each wait for room
-        only those samples held (ranges.py)."""
+        only those samples held (ranges.py). ``done()``: whether another process
+        brought what this fetch is for while its lock was let go; then None, no
+        temporary (the caller has nothing left to fetch).
+
+        The room is charged in the disk's blocks: ``size`` rounded up, and a block
+        more while it is a temporary for an extended attribute ``xattr`` the caller
+        will set (its name ends in ATTR_MARK); once renamed, what it holds. ``sparse``: a
+        reservation for bytes written into a partial copy (ranges.py), not a file of
+        its own: no disk is allocated to it, and it holds the blocks those bytes
+        may touch (one more than their size rounded: a range need not start on a block)."""
+        data_size = size
+        size = rounded(size, self.block) + (self.block if xattr or sparse else 0)
         if size > self.limit_bytes:
             raise CacheLimitError(url, f"shard of {size} bytes does not fit a cache limit of {self.limit_bytes} "
                                        f"bytes; raise limit_bytes to at least {size}", size)
@@ -180,7 +236,13 @@ class Budget:
         while True:
             with FileLock(os.path.join(self.cache_dir, ".cache.lock")):
                 entries, tmp_bytes, temps = self._scan()
-                tmp_bytes -= self._drop_orphans(temps, mine=key)
+                fixed = self._meta_now
+                if fixed + size > self.limit_bytes:  # no eviction nor wait frees what is never evicted
+                    raise CacheLimitError(url, f"{size:,} bytes (in the disk's blocks) do not fit beside the "
+                                               f"{fixed:,} bytes of mirrored indexes, logs and plans in a cache "
+                                               f"limit of {self.limit_bytes:,}; raise cache_limit_bytes to at "
+                                               f"least {fixed + size:,}", fixed + size)
+                tmp_bytes -= self._drop_orphans(temps, mine=key, shard_bytes=None if suffix else size)
                 used = tmp_bytes + sum(b for b, _ in entries.values())
                 advice = bool(headroom) or for_step is not None
                 if used + size + headroom > self.limit_bytes and not advice:
@@ -193,10 +255,14 @@ class Budget:
                     used -= self._evict(entries, used + size + headroom - self.limit_bytes, keep=key,
                                         only=PARTIAL if advice else "", after=after)
                 if used + size + headroom <= self.limit_bytes:
-                    tmp = os.path.join(folder or self.data_dir, f"{key}{suffix}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+                    tmp = os.path.join(folder or self.data_dir, f"{key}{suffix}.tmp-{os.getpid()}-"
+                                                                 f"{uuid.uuid4().hex[:8]}{ATTR_MARK if xattr else ''}")
                     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
                     try:
-                        _preallocate(fd, size, tmp, url)
+                        if sparse:
+                            os.ftruncate(fd, size)  # a reservation: counted at its size, holding no disk
+                        else:
+                            _preallocate(fd, data_size, tmp, url)
                     except BaseException:
                         os.close(fd)
                         unlink_quiet(tmp)
@@ -223,20 +289,32 @@ class Budget:
                 if held is not None:
                     held.acquire()
             self._count(wait_s=time.monotonic() - t0)
+            if done is not None and done():
+                return None
             delay = min(delay * 2, 0.5)
 
-    def _drop_orphans(self, temps, mine: str) -> int:
+    def _drop_orphans(self, temps, mine: str, shard_bytes: int | None = None) -> int:
         """Remove temporaries whose fetcher died (nobody holds their fetch lock).
         The caller holds the fetch lock of ``mine`` and has no temporary of it
         yet, so one already there is a dead fetcher's (flock would not tell:
-        the caller's own lock refuses the probe)."""
+        the caller's own lock refuses the probe). ``mine``'s admission placeholder
+        gives up ``shard_bytes`` when the shard's own fetch starts and keeps the
+        rest (its sidecar's room, fetched next) until the sidecar's fetch starts."""
         freed = 0
         for key, path, size in temps:
             if path in self._live:
                 continue  # this fetch's own shard temporary, while it writes a file beside it
-            if key != mine and _admission_held(path):
+            if key != mine and admission_held(path):
                 continue  # room a live process admitted a whole shard into (ranged_reads.py), before its fetch
             if key == mine:
+                if shard_bytes is not None and ADMIT in path and size > shard_bytes:
+                    try:
+                        os.truncate(path, size - shard_bytes)
+                        os.utime(path)
+                        freed += shard_bytes
+                        continue
+                    except OSError:
+                        pass
                 unlink_quiet(path)
                 freed += size
                 continue
@@ -281,26 +359,6 @@ class Budget:
         finally:
             pin.release()
         return True
-
-
-ADMIT = ".tmp-admit-"  # a placeholder holding room for a whole shard admitted, until its fetch starts
-ADMIT_HOLD_S = 60.0  # longer than any admission waits for its fetch to start (a fetch lock another holds)
-
-
-def _admission_held(path: str) -> bool:
-    """Whether the placeholder ``path`` (``<key>.tmp-admit-<pid>-<id>``) still holds its room:
-    its process lives and it is recent. Nobody holds its key's fetch lock before the fetch
-    starts, so without this any budget scan took it for a dead fetcher's temporary and
-    dropped it, and concurrent admissions (other ranks) overfilled the whole shards' room."""
-    name = os.path.basename(path)
-    if ADMIT not in name:
-        return False
-    try:
-        pid = int(name.split(ADMIT, 1)[1].split("-", 1)[0])
-        age = time.time() - os.stat(path).st_mtime
-    except (ValueError, OSError):
-        return False
-    return age < ADMIT_HOLD_S and pid_alive(pid)
 
 
 def unlink_quiet(path: str) -> None:

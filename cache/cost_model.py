@@ -123,6 +123,16 @@ def batches_held(ranks: int, readers: int, near_steps: int) -> int:
 
 
 BLOCK = 4096  # the disk block a sparse partial copy holds whole (ranges.py); the budget counts blocks
+
+
+def rounded_blocks(nbytes: int) -> int:
+    """``nbytes`` in whole disk blocks (what the budget charges a file of that size)."""
+    return -(-int(nbytes) // BLOCK) * BLOCK
+
+
+def rounded_blocks_array(nbytes):
+    """``rounded_blocks`` of each of an int64 array."""
+    return -(-nbytes // BLOCK) * BLOCK
 RANGE_MIN_SAMPLE_BYTES = BLOCK  # below this a sample's range costs more disk (its blocks) than its bytes
 
 

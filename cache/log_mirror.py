@@ -12,12 +12,13 @@ What one ``sync()`` asks the source:
   (a conditional GET when the mirror holds a copy), one listing of ``_log/``
   where the store lists (S3 always, HTTP when the server answers a folder
   with an HTML listing: a hole in it is damage, as in a local log), then
-  every entry after index.arrow's ``log_seq``, each revalidated (a 304 /
-  same-ETag answer for what the mirror already holds), until the first
-  missing one. Entries the mirror holds past that point are gone at the
+  every entry after index.arrow's ``log_seq`` (the checkpoint `shardfeed
+  compact` writes), LOG_FETCHES at once, until the first missing one. Entries the mirror holds past that point are gone at the
   source (a dataset rewritten at the same URL) and are dropped.
 - After that, only the next entry: one GET (S3: one HEAD) answered 404 while
-  nothing new was committed, whatever the log's length. No listing is needed,
+  nothing new was committed, whatever the log's length; once one comes,
+  windows of the next ones together (up to LOG_FETCHES), so a follower at
+  the head polls in O(new commits) requests, LOG_FETCHES at a time. No listing is needed,
   so a server that lists no folders (a CDN) is followed too.
 
 Entries are immutable once committed (create-if-absent), so a mirrored one
@@ -33,10 +34,19 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import threading
 import time
 
 from shardfeed.cache.fetch import is_retryable
-from shardfeed.cache.remote_index import _MAX_LOG_ENTRY, _SEQ_RE, _copy, _list_log, mirror_folder
+from shardfeed.cache.remote_index import (
+    _MAX_LOG_ENTRY,
+    _SEQ_RE,
+    LOG_FETCHES,
+    _copy,
+    _list_log,
+    fetch_together,
+    mirror_folder,
+)
 from shardfeed.cache.store import ShardCache
 from shardfeed.formats import ShardError
 from shardfeed.formats.commit_log import END, base_log_seq, check_no_holes
@@ -60,6 +70,8 @@ class LogMirror:
         self.end: int | None = None
         self.last_error: str | None = None
         self.requests = 0  # entries and probes asked of the source (the tests and the soak count them)
+        self._ends: set[int] = set()  # seqs of end commits seen (taken in order by _take)
+        self._mu = threading.Lock()
 
     def sync(self) -> bool:
         """Bring new commits into the mirror; True if the mirror gained any (or the dataset appeared)."""
@@ -93,7 +105,9 @@ class LogMirror:
         listed = _list_log(self.url, self.cache)
         self.requests += 1
         self.have = base
-        self._walk(base + 1)
+        if listed is not None:  # what the listing names after the index's checkpoint, asked together
+            self._take(self._entries([int(n[:12]) for n in listed if int(n[:12]) > base]), base + 1)
+        self._walk(self.have + 1)
         if listed is not None:
             seqs = sorted(int(n[:12]) for n in listed)
             # the listing came before the walk, so the walk found all it lists unless one is missing: a hole
@@ -120,12 +134,42 @@ class LogMirror:
 
     # -- entries ----------------------------------------------------------------
     def _walk(self, seq: int) -> None:
-        """Mirror entries ``seq``, ``seq + 1``, ... up to the first the source lacks, or the end."""
-        while self.end is None and self._entry(seq):
-            self.have = seq
-            seq += 1
+        """Mirror entries ``seq``, ``seq + 1``, ... up to the first the source lacks, or the end:
+        one at first (a poll while nothing was committed costs one request), then windows of up
+        to LOG_FETCHES asked together while entries keep coming (a burst of commits, a log the
+        store does not list), so a long tail costs round trips / LOG_FETCHES, not one each."""
+        window = 1
+        while self.end is None:
+            seqs = list(range(seq, seq + window))
+            if self._take(self._entries(seqs), seq) < len(seqs):
+                return
+            seq += window
+            window = min(2 * window, LOG_FETCHES)
 
-    def _entry(self, seq: int) -> bool:
+    def _entries(self, seqs: list[int]) -> dict[int, bool]:
+        """Whether the source has each of ``seqs`` (each mirrored and checked if so), asked together."""
+        return dict(zip(seqs, fetch_together(self._entry_quiet, seqs)))
+
+    def _take(self, got: dict[int, bool], seq: int) -> int:
+        """Advance ``have`` over the entries of ``got`` present in a row from ``seq`` (no further than
+        the end); how many it took."""
+        taken = 0
+        while self.end is None and got.get(seq):
+            self.have = seq
+            if self._ended_at(seq):
+                self.end = seq
+            seq += 1
+            taken += 1
+        return taken
+
+    def _entry_quiet(self, seq: int) -> bool:
+        """``_entry`` without noting the end (entries fetched together are taken in order, ``_take``)."""
+        return self._entry(seq, note_end=False)
+
+    def _ended_at(self, seq: int) -> bool:
+        return seq in self._ends
+
+    def _entry(self, seq: int, note_end: bool = True) -> bool:
         dest = os.path.join(self.folder, LOG_DIR, f"{seq:012d}.json")
         if not self._fetch(f"{self.url}/{LOG_DIR}/{seq:012d}.json", dest, _MAX_LOG_ENTRY):
             return False
@@ -135,14 +179,17 @@ class LogMirror:
         except (OSError, ValueError) as e:
             raise ShardError(f"{self.url}/{LOG_DIR}/{seq:012d}.json", f"commit log entry is malformed: {e}") from e
         if isinstance(rec, dict) and rec.get("kind") == END:
-            self.end = seq
+            self._ends.add(seq)
+            if note_end:
+                self.end = seq
         return True
 
     def _fetch(self, url: str, dest: str, max_bytes: int) -> bool:
         """``url`` into ``dest`` (revalidated if held); False when the source has no such object."""
-        self.requests += 1
+        with self._mu:  # entries are fetched by several threads at once
+            self.requests += 1
         try:
-            _copy(url, dest, self.cache, max_bytes)
+            _copy(url, dest, self.cache, max_bytes, versioned=max_bytes != _MAX_LOG_ENTRY)
             return True
         except ShardError as e:
             if isinstance(e.__cause__, FileNotFoundError):

@@ -59,8 +59,8 @@ PLAN_ENTRY_BYTES = 96  # one key's entry in a published lookahead plan (JSON key
 # new file is written beside the old one); SharedLookahead.max_bytes keeps it within this
 
 
-def plan_bytes(shards: int, ranged: bool) -> int:
-    return 2 * (2 if ranged else 1) * PLAN_ENTRY_BYTES * min(int(shards), 4096)
+def plan_bytes(shards: int, ranged: bool) -> int:  # each file in whole disk blocks, as the budget charges it
+    return 2 * cm.rounded_blocks((2 if ranged else 1) * PLAN_ENTRY_BYTES * min(int(shards), 4096))
 _USED_TTL_S = 0.02  # a budget scan lists the cache folder: reuse its answer this long (other ranks admit too)
 
 _policies: dict[tuple, RangePolicy] = {}
@@ -83,14 +83,17 @@ def use_ranges(index) -> bool:
 class RangePolicy:
     """Whole shard or sample ranges, per miss (see the module docstring); one per process and cache."""
 
-    def __init__(self, cache, total_bytes: int, samples: int = 1):
+    def __init__(self, cache, total_bytes: int, samples: int = 1, sidecar_bytes: int | None = None,
+                 total_blocks: int | None = None):
         self.cache = cache
+        self.total_blocks = total_bytes if total_blocks is None else total_blocks  # the shards in the disk's blocks
         self.samples = max(1, int(samples))
         self.cost = CostModel()
         self.fetcher = RangeFetcher(cache, self.cost, self.observe_sidecar)
         self.total_bytes = total_bytes
         self._seen_sidecars: dict[str, tuple[int, int]] = {}  # url -> (sidecar bytes, shard bytes)
         self.sidecar_share = SIDECAR_SHARE
+        self._sidecars_est = sidecar_bytes  # the index's upper estimate, in blocks, until one is measured
         self.working = 0  # bytes the node's ranges pin at once at worst (working_set)
         self.fixed = 0  # bytes eviction cannot free (mirrored index, plans)
         self.expected = 0  # bytes the node's ranges hold on average (cost_model.expected_working)
@@ -106,8 +109,11 @@ class RangePolicy:
         # the reserve holds what ranges pin at worst (working_set) and what eviction cannot free
         limit, total = self.cache.limit_bytes, self.total_bytes
         seen = list(self._seen_sidecars.values())
-        measured = sum(a for a, _ in seen) / max(1, sum(b for _, b in seen)) if seen else 0.0
-        self.fits = total * (1 + measured) <= limit * 1.002  # sidecars as measured so far (a budget of exactly all)
+        sidecars = total * sum(cm.rounded_blocks(a) for a, _ in seen) / max(1, sum(b for _, b in seen)) if seen \
+            else self._sidecars_est if self._sidecars_est is not None else total * self.sidecar_share
+        # all of it at once in the disk's blocks, with what eviction cannot free (taken for fitting on less, whole
+        # shards were admitted unclaimed and readers waited for room only their own pins held)
+        self.fits = self.total_blocks + sidecars + self.fixed <= limit
         self.reserve = 0 if self.fits else range_reserve(limit, total, self.sidecar_share, self.samples, self.batch,
                                                          self.held, self.working, self.fixed, self.headroom)
         self.expected = cm.window_held(limit, total, self.sidecar_share, self.samples, self.batch, self.held,
@@ -160,7 +166,12 @@ class RangePolicy:
         with _mu:
             p = _policies.get(key)
             if p is None or p.cache is not cache:
-                p = _policies[key] = cls(cache, int(np.asarray(index.sizes).sum()), int(index.num_samples))
+                from shardfeed.cache.reads import entry_bytes
+
+                sizes = np.asarray(index.sizes, np.int64)
+                blocks = int(cm.rounded_blocks_array(sizes).sum())
+                p = _policies[key] = cls(cache, int(sizes.sum()), int(index.num_samples),
+                                         int(entry_bytes(index).sum()) - blocks, blocks)
             return p
 
     def used(self) -> int:
@@ -200,30 +211,13 @@ class RangePolicy:
         return way
 
     def _claim(self, ref: ShardRef, size: int, pending: int) -> bool:
-        """Admit a whole shard for good: under the node's budget lock, check the room again
-        and hold it with a placeholder temporary of the shard's size (sparse: no disk), which
-        the shard's own fetch drops when it starts (budget.py: a temporary of the key it
-        fetches). Several ranks and threads deciding at once would otherwise all see the
-        same free room."""
-        import uuid
+        """Admit a whole shard for good, its room held (admission.claim)."""
+        from shardfeed.cache.admission import claim
 
-        from shardfeed.cache.budget import ADMIT
-        from shardfeed.cache.locks import FileLock
-
-        cache = self.cache
-        key = cache.key_for(ref.url, ref.hash, ref.version)
-        with FileLock(os.path.join(cache.cache_dir, ".cache.lock")):
-            used = self.cache.budget.whole_bytes()
-            if used + pending + size + self.reserve > cache.limit_bytes:
-                self._used = (time.monotonic(), used)
-                return False
-            if os.path.exists(os.path.join(cache.data_dir, key)):
-                return True
-            tmp = os.path.join(cache.data_dir, f"{key}{ADMIT}{os.getpid()}-{uuid.uuid4().hex[:8]}")
-            with open(tmp, "wb") as f:
-                f.truncate(size)
-            self._used = (time.monotonic(), used + size)
-        return True
+        key = self.cache.key_for(ref.url, ref.hash, ref.version)
+        ok, used = claim(self.cache, key, size, self.sidecar_share, self.cache.limit_bytes - pending - self.reserve)
+        self._used = (time.monotonic(), used)
+        return ok
 
     def ranges_cost(self, ref: ShardRef, local):
         """() -> cost of fetching samples ``local`` of ``ref`` as ranges, or None when its
@@ -286,7 +280,7 @@ class RangedShards(CachedShards):
         try:
             self._sort_out(cache, policy, shard, local, todo)
             fetched = ensure_all(policy.fetcher, [(ref, mine, count) for _, ref, mine, count, _ in todo],
-                                 self._give_back)
+                                 self.on_wait)
         except BaseException:
             for *_, pin in todo:
                 pin.release()
@@ -349,12 +343,18 @@ class RangedShards(CachedShards):
         for _s, ref, *_ in token:
             policy.fetcher.drop_superseded(ref)  # admitted whole (here or by another rank) while pinned
 
-    def _give_back(self) -> None:
-        """Consumed samples a fetch kept from being punched, again (at finish; while waiting for room)."""
-        if self._unpunched and self._giving.acquire(blocking=False):  # late_ranges' threads wait at once
+    def on_wait(self) -> None:
+        self._give_back(let_go=True)
+
+    def _give_back(self, let_go: bool = False) -> None:
+        """Consumed samples a fetch kept from being punched, again (at finish; while a fetch waits for
+        room, ``let_go``, with the shards this reader keeps open idle closed: CachedShards.let_go)."""
+        if (self._unpunched or let_go) and self._giving.acquire(blocking=False):  # late_ranges' threads wait at once
             try:
                 fetcher = self.policy().fetcher
                 self._unpunched = [(r, m) for r, m in self._unpunched if not fetcher.punch_consumed(r, m)]
+                if let_go and self.let_go is not None:
+                    self.let_go()
             finally:
                 self._giving.release()
 

@@ -298,7 +298,8 @@ class RangeFetcher:
         size = sum(b - a for a, b in ranges)
         lease = self.room.draw(size, ref.url, headroom, for_step)
         tmp = None if lease is not None else self.cache.budget.make_room_and_create(
-            key, "", size, ref.url, headroom=headroom, for_step=for_step, held=held, on_wait=on_wait)
+            key, "", size, ref.url, headroom=headroom, for_step=for_step, held=held, on_wait=on_wait,
+            sparse=True)  # room in the partial copy
         try:
             if src.ignores_range():  # one read of the whole object serves every range (any HTTP server works)
                 opts = self.cache.fetch_options

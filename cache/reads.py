@@ -69,16 +69,24 @@ def default_limit(cache_dir: str) -> int:
 
 
 def entry_bytes(index):
-    """What each shard's cache entry takes: the shard plus, for a tar with a
+    """What each shard's cache entry takes on disk: the shard plus, for a tar with a
     sidecar, an upper estimate of the sidecar (the index does not record its
     size; Arrow's fixed part plus key, checksum and each member's offset, size
-    and field per sample), so budget checks count what the cache will hold."""
+    and field per sample), each in whole disk blocks, so budget checks count
+    what the cache will hold."""
     import numpy as np
+
+    from shardfeed.cache.cost_model import BLOCK
+
+    def blocks(a):  # the budget charges whole disk blocks (budget.py)
+        return -(-a // BLOCK) * BLOCK
 
     sizes = np.asarray(index.sizes, np.int64)
     tars = np.array([f.startswith("tar") and i not in index.tables for i, f in enumerate(index.formats)], bool)
     side = _SIDECAR_FIXED + np.asarray(index.counts, np.int64) * (48 + 24 * max(1, len(index.fields)))
-    return sizes + np.where(tars, side, 0)
+    # a copy kept without a hash carries its source's identity in an attribute: a block more at worst
+    unhashed = np.array([not h for h in index.hashes], bool)
+    return blocks(sizes) + np.where(tars, blocks(side), 0) + np.where(unhashed, BLOCK, 0)
 
 
 def index_version(index) -> str:
@@ -138,7 +146,13 @@ class CachedShards:
     """Path resolver of a BatchReader over ``index`` (see the module docstring).
 
     ``url_of(i)`` names shard ``i`` at its source (default ``index.path(i)``).
+    ``let_go``: set by the reader (loader/batcher.py) to close the shards it keeps
+    open between reads and is not reading now; a fetch waiting for room calls it,
+    so no reader waits for room its own idle pins hold (nor two readers for each
+    other's).
     """
+
+    let_go = None  # () -> None; see the class docstring
 
     def __init__(self, index, spec: CacheSpec, url_of=None):
         self.index = index
@@ -161,13 +175,19 @@ class CachedShards:
         ref = self.ref(i)
         had = os.path.exists(os.path.join(cache.data_dir, cache.key_for(ref.url, ref.hash, ref.version)))
         t0 = time.monotonic()
-        pin = cache.hold(ref.url, ref.hash, ref.size, sidecar=self.needs_sidecar(i), version=ref.version)
+        pin = cache.hold(ref.url, ref.hash, ref.size, sidecar=self.needs_sidecar(i), version=ref.version,
+                         on_wait=self.on_wait)
         path = pin.__enter__()
         self._c["wait_s"] += time.monotonic() - t0
         self._c["hits" if had else "misses"] += 1
         self._held.setdefault(i, []).append(pin)
         self._paths[path] = i
         return path
+
+    def on_wait(self) -> None:
+        """Called while a fetch of this reader waits for room: let go of idle pins."""
+        if self.let_go is not None:
+            self.let_go()
 
     def release(self, i: int) -> None:
         pins = self._held.get(i)

@@ -1,8 +1,9 @@
 """Remote datasets: the index mirrored into the cache folder, shards by row.
 
 ``mirror_index(url, cache)`` copies ``index.arrow`` and the commit log
-(``_log/<seq>.json``, when the store can list it: S3/GCS always, HTTP when
-the server answers a folder with an HTML listing) into
+(``_log/<seq>.json`` after the last commit index.arrow folds, when the store
+can list it: S3/GCS always, HTTP when the server answers a folder with an
+HTML listing; LOG_FETCHES entries asked at once) into
 ``<cache_dir>/datasets/<hash of url>/``, a folder that
 ``shardfeed.formats.open_index`` opens like any local dataset (the index
 checks its own digest there). Each file is written to a temporary name and
@@ -28,17 +29,48 @@ import contextlib
 import json
 import os
 import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import xxhash
 
+from shardfeed.cache.budget import unlink_quiet
 from shardfeed.cache.fetch import with_retries
 from shardfeed.cache.sources import open_source, scheme_of
 from shardfeed.cache.store import ShardCache, ShardRef
 from shardfeed.formats import ShardError, open_index
+from shardfeed.formats.commit_log import base_log_seq
 from shardfeed.formats.index import INDEX_NAME, LOG_DIR, DatasetIndex
 from shardfeed.formats.staging import pid_alive
 
 _SEQ_RE = re.compile(r"^\d{12}\.json$")
+LOG_FETCHES = 16  # commit log entries asked at once (each a round trip of a few hundred bytes: latency-bound)
+_pool: tuple[int, ThreadPoolExecutor] | None = None  # (pid, pool): a forked process makes its own
+_pool_mu = threading.Lock()
+
+
+def fetch_together(fn, items) -> list:
+    """``fn(item)`` of each of ``items``, at most LOG_FETCHES at once, results in order; the first
+    error (in ``items``' order) is raised once every call has ended."""
+    items = list(items)
+    if len(items) <= 1:
+        return [fn(x) for x in items]
+    global _pool
+    with _pool_mu:
+        if _pool is None or _pool[0] != os.getpid():
+            _pool = (os.getpid(), ThreadPoolExecutor(LOG_FETCHES, thread_name_prefix="shardfeed-log"))
+        pool = _pool[1]
+    futures = [pool.submit(fn, x) for x in items]
+    out, error = [], None
+    for f in futures:
+        try:
+            out.append(f.result())
+        except BaseException as e:  # noqa: BLE001 - raised below, after the other fetches ended
+            error = error or e
+            out.append(None)
+    if error is not None:
+        raise error
+    return out
 _MAX_META_BYTES = 1 << 30  # an index of 100,000 shards is a few MB; refuse absurd claims before allocating
 _MAX_LOG_ENTRY = 1 << 16  # one commit is a small JSON object (as formats/remote_log.py reads them)
 _VERSION_XATTR = "user.shardfeed.source"
@@ -48,12 +80,16 @@ def mirror_folder(url: str, cache: ShardCache) -> str:
     return os.path.join(cache.cache_dir, "datasets", xxhash.xxh3_128_hexdigest(url.rstrip("/").encode())[:20])
 
 
-def _copy(url: str, dest: str, cache: ShardCache, max_bytes: int = _MAX_META_BYTES) -> bool:
+def _copy(url: str, dest: str, cache: ShardCache, max_bytes: int = _MAX_META_BYTES, versioned: bool = True) -> bool:
     """Bring ``url`` to ``dest`` unless ``dest`` already holds the same version
-    (a conditional GET over HTTP, an ETag compare elsewhere); True if it was fetched."""
+    (a conditional GET over HTTP, an ETag compare elsewhere); True if it was fetched.
+    ``versioned=False`` (a commit log entry: immutable, a few hundred bytes): no
+    version kept beside it, as its attribute would take a disk block of its own on
+    filesystems with small inodes, doubling the disk each commit holds; asked
+    again, it is read again (one request either way)."""
     opts = cache.fetch_options
     src = open_source(url, cache.storage_options, opts.stall_s, opts.min_rate)
-    known = _known(dest)
+    known = _known(dest) if versioned else None
     cache._add(requests=1)
     if hasattr(src, "get_small"):
         ident, data = with_retries(url, "reading it", lambda: src.get_small(max_bytes, known), opts)
@@ -70,7 +106,8 @@ def _copy(url: str, dest: str, cache: ShardCache, max_bytes: int = _MAX_META_BYT
         cache._add(requests=1)
         data = with_retries(url, "reading it", lambda: src.read_range(0, size), opts) if size else b""
     # inside the cache's budget like a shard: room made first, renamed under the node lock
-    tmp = cache.budget.make_room_and_create(os.path.basename(dest), "", len(data), url, os.path.dirname(dest))
+    tmp = cache.budget.make_room_and_create(os.path.basename(dest), "", len(data), url, os.path.dirname(dest),
+                                            xattr=_VERSION_XATTR if versioned else None)
     try:
         try:
             with open(tmp, "r+b") as f:
@@ -78,7 +115,8 @@ def _copy(url: str, dest: str, cache: ShardCache, max_bytes: int = _MAX_META_BYT
         except OSError as e:  # a disk without fallocate fills here, not at the reservation
             raise _disk_error(url, tmp, e) from e
         try:
-            os.setxattr(tmp, _VERSION_XATTR, json.dumps([ident.size, ident.etag, ident.modified]).encode())
+            if versioned:
+                os.setxattr(tmp, _VERSION_XATTR, json.dumps([ident.size, ident.etag, ident.modified]).encode())
         except OSError:
             pass  # no xattrs here: the next mirror fetches it again (never stale)
         with cache.budget.locked():
@@ -136,12 +174,17 @@ def mirror_index(url: str, cache: ShardCache) -> str:
     note = os.path.join(folder, "source.txt")
     try:
         os.makedirs(os.path.join(folder, LOG_DIR), exist_ok=True)
-        if not os.path.exists(note):
-            with open(note, "w") as f:
-                f.write(url + "\n")  # for people looking at the cache folder (a few bytes, once)
+        if not os.path.exists(note):  # for people looking at the cache folder (a block, in the budget)
+            text = (url + "\n").encode()
+            tmp = cache.budget.make_room_and_create("source.txt", "", len(text), url, folder)
+            try:
+                with open(tmp, "r+b") as f:
+                    f.write(text)
+                with cache.budget.locked():
+                    os.replace(tmp, note)
+            finally:
+                unlink_quiet(tmp)
     except OSError as e:  # a full disk (ENOSPC), a quota, a read-only folder
-        with contextlib.suppress(OSError):
-            os.unlink(note)  # never left empty: it would not be written again
         raise _disk_error(url, folder, e) from e
     have_index = True
     try:
@@ -157,8 +200,11 @@ def mirror_index(url: str, cache: ShardCache) -> str:
     for name in set(os.listdir(os.path.join(folder, LOG_DIR))) - set(log):
         if _SEQ_RE.match(name):
             os.unlink(os.path.join(folder, LOG_DIR, name))  # gone at the source (rewritten log)
-    for name in log:
-        _copy(f"{url}/{LOG_DIR}/{name}", os.path.join(folder, LOG_DIR, name), cache, _MAX_LOG_ENTRY)
+    # index.arrow folds the log up to its log_seq (`shardfeed compact`): only the entries after it are read
+    base = base_log_seq(folder) if have_index else 0
+    fetch_together(lambda name: _copy(f"{url}/{LOG_DIR}/{name}", os.path.join(folder, LOG_DIR, name), cache,
+                                      _MAX_LOG_ENTRY, versioned=False),
+                   [n for n in log if int(n[:12]) > base])
     if not have_index and not log:
         raise ShardError(url, f"not found: no {INDEX_NAME} and no {LOG_DIR}/ commit log is there (check the "
                               "URL and bucket; a dataset is written with ShardWriter or `shardfeed convert`)")

@@ -109,27 +109,34 @@ class ShardCache:
         return os.path.exists(self.path_for(url, expected_hash, version))
 
     def get(self, url: str, expected_hash: str | None = None, size: int | None = None, *,
-            sidecar: bool = False, cancel: threading.Event | None = None, version: str | None = None) -> str:
+            sidecar: bool = False, cancel: threading.Event | None = None, version: str | None = None,
+            on_wait=None) -> str:
         """Local path of ``url``, fetched (and verified) if needed. Unpinned: it
         may be evicted after this returns; readers should use ``hold``."""
-        with self.hold(url, expected_hash, size, sidecar=sidecar, cancel=cancel, version=version) as path:
+        with self.hold(url, expected_hash, size, sidecar=sidecar, cancel=cancel, version=version,
+                       on_wait=on_wait) as path:
             return path
 
     @contextlib.contextmanager
     def hold(self, url: str, expected_hash: str | None = None, size: int | None = None, *,
-             sidecar: bool = False, cancel: threading.Event | None = None, version: str | None = None):
+             sidecar: bool = False, cancel: threading.Event | None = None, version: str | None = None,
+             on_wait=None):
         """Pin the entry (fetching it first if needed) for the ``with`` block.
 
         ``sidecar=True`` also brings ``<url>.idx`` to ``<path>.idx`` (checked by
         its own digest), so ``open_shard(index, i, path)`` finds it. Without
         ``expected_hash`` nor ``version`` a cached copy is revalidated against
         the source (size, ETag, Last-Modified) and fetched again if it changed.
+        A fetch waiting for room lets go of the entry's fetch lock meanwhile and
+        calls ``on_wait()`` (the reader lets go of what it holds and will not
+        read soon: Budget.make_room_and_create).
         """
         key = self.key_for(url, expected_hash, version)
         pin = FileLock(os.path.join(self.lock_dir, key + ".pin"))
         self._add(wait_s=acquire_timed(pin, shared=True))  # the evictor holds it only for an unlink
         try:
-            yield self._ensure(key, str(url), expected_hash, size, sidecar, cancel, check=not (expected_hash or version))
+            yield self._ensure(key, str(url), expected_hash, size, sidecar, cancel,
+                               check=not (expected_hash or version), on_wait=on_wait)
         finally:
             pin.release()
 
@@ -193,7 +200,7 @@ class ShardCache:
             for k, v in delta.items():
                 self._counters[k] += v
 
-    def _ensure(self, key, url, expected_hash, size, sidecar, cancel, check=False) -> str:
+    def _ensure(self, key, url, expected_hash, size, sidecar, cancel, check=False, on_wait=None) -> str:
         path = os.path.join(self.data_dir, key)
         if os.path.exists(path) and (not sidecar or self._has_sidecar_answer(path)) and not check:
             self._add(hits=1)
@@ -211,12 +218,12 @@ class ShardCache:
             else:
                 self._add(misses=1)
                 try:
-                    self._download(key, url, path, expected_hash, size, cancel, check)
+                    self._download(key, url, path, expected_hash, size, cancel, check, (lock, on_wait))
                 except BaseException:
                     self._add(errors=1)
                     raise
             if sidecar and not self._has_sidecar_answer(path):
-                self._fetch_sidecar(key, url, path, cancel, expected_hash)
+                self._fetch_sidecar(key, url, path, cancel, expected_hash, (lock, on_wait))
         finally:
             lock.release()
         return path
@@ -237,13 +244,19 @@ class ShardCache:
         self._add(requests=1)
         return with_retries(url, "revalidating its cached copy", src.stat, self.fetch_options).token() == was
 
-    def _download(self, key, url, path, expected_hash, size, cancel, record_identity=False) -> None:
+    def _download(self, key, url, path, expected_hash, size, cancel, record_identity=False,
+                  waits=(None, None)) -> None:
+        """``waits``: (the fetch lock, on_wait) for a wait for room (make_room_and_create)."""
         opts = self.fetch_options
         src = self._source(url)
         if size is None:
             self._add(requests=1)
             size = with_retries(url, "asking its size", src.size, opts)
-        tmp = self.budget.make_room_and_create(key, "", int(size), url)
+        tmp = self.budget.make_room_and_create(key, "", int(size), url, held=waits[0], on_wait=waits[1],
+                                               done=lambda: os.path.exists(path),
+                                               xattr=IDENTITY_XATTR if record_identity else None)
+        if tmp is None:
+            return  # fetched by another process while this one waited for room
         t0 = time.monotonic()
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CLOEXEC)
@@ -272,9 +285,12 @@ class ShardCache:
         finally:
             self._add(fetch_s=time.monotonic() - t0)
 
-    def _write_small(self, key: str, suffix: str, path: str, data: bytes, url: str) -> None:
+    def _write_small(self, key: str, suffix: str, path: str, data: bytes, url: str, waits=(None, None)) -> None:
         """A small file beside an entry (its identity, a sidecar), inside the budget."""
-        tmp = self.budget.make_room_and_create(key, suffix, len(data), url)
+        tmp = self.budget.make_room_and_create(key, suffix, len(data), url, held=waits[0], on_wait=waits[1],
+                                               done=lambda: self._has_sidecar_answer(path))
+        if tmp is None:
+            return
         try:
             with open(tmp, "r+b") as f:
                 f.write(data)
@@ -287,7 +303,7 @@ class ShardCache:
     def _has_sidecar_answer(self, path: str) -> bool:
         return os.path.exists(path + SIDECAR) or os.path.exists(path + NO_SIDECAR)
 
-    def _fetch_sidecar(self, key, url, path, cancel, expected_hash=None) -> None:
+    def _fetch_sidecar(self, key, url, path, cancel, expected_hash=None, waits=(None, None)) -> None:
         from shardfeed.formats.sidecar import read_sidecar
 
         opts = self.fetch_options
@@ -298,7 +314,7 @@ class ShardCache:
                 _, data = with_retries(src.url, "reading it", lambda: src.get_small(MAX_SIDECAR_BYTES), opts)
             except ShardError as e:
                 if isinstance(e.__cause__, FileNotFoundError):
-                    self._write_small(key, NO_SIDECAR, path, b"", url)  # a foreign tar: the reader scans it
+                    self._write_small(key, NO_SIDECAR, path, b"", url, waits)  # a foreign tar: the reader scans it
                     return
                 raise
             size = len(data)
@@ -309,12 +325,15 @@ class ShardCache:
                 size = with_retries(src.url, "asking its size", src.size, opts)
             except ShardError as e:
                 if isinstance(e.__cause__, FileNotFoundError) or "not found" in e.reason:
-                    self._write_small(key, NO_SIDECAR, path, b"", url)
+                    self._write_small(key, NO_SIDECAR, path, b"", url, waits)
                     return
                 raise
             if size > MAX_SIDECAR_BYTES:
                 raise ShardError(src.url, f"sidecar claims {size:,} bytes, more than {MAX_SIDECAR_BYTES:,}")
-        tmp = self.budget.make_room_and_create(key, SIDECAR, size, src.url)
+        tmp = self.budget.make_room_and_create(key, SIDECAR, size, src.url, held=waits[0], on_wait=waits[1],
+                                               done=lambda: self._has_sidecar_answer(path))
+        if tmp is None:
+            return  # brought by another process while this one waited for room
         try:
             if data is not None:
                 with open(tmp, "r+b") as f:

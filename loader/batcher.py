@@ -66,6 +66,8 @@ class BatchMaker:
         self.reader = BatchReader(index, verify=True, skip=self.policy.skip, read_mode=read_mode, **extra)
         if hasattr(cached, "forget_view"):  # a partial copy admitted whole since: reopened as the whole copy
             cached.forget_view = self.reader.shards.forget
+        if cached is not None:  # a fetch waiting for room closes the shards this reader keeps open idle
+            cached.let_go = self.reader.shards.close_idle
         self.decode = decode
         self.transform = transform
         self.transform_takes_size = transform is not None and _accepts(transform, "image_size")

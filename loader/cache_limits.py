@@ -85,9 +85,10 @@ def sizes_unmirrored(url: str, cache) -> tuple[int, int, int] | None:
         raw = with_retries(src.url, "reading it", lambda: src.read_range(0, size), cache.fetch_options)
     except (ShardError, OSError):
         return None
-    meta, (_, formats, counts, sizes, _) = parse_index_bytes(raw, src.url)
+    meta, (_, formats, counts, sizes, hashes) = parse_index_bytes(raw, src.url)
     shards = SimpleNamespace(sizes=np.asarray(sizes, np.int64), counts=np.asarray(counts, np.int64),
-                             formats=list(formats), fields=list(meta.get("fields") or []), tables={})
+                             formats=list(formats), fields=list(meta.get("fields") or []), tables={},
+                             hashes=list(hashes))
     return len(raw), int(entry_bytes(shards).max()) if len(shards.sizes) else 0, len(shards.sizes)
 
 

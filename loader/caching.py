@@ -293,9 +293,8 @@ class LoaderCache:
         return uniq % n_shards, frac
 
     def estimate_epoch(self, epoch: int) -> dict:
-        """Bytes the node reads and fetches in an epoch like ``epoch`` once the cache is warm: the
-        epoch after it simulated behind it (a cold epoch also fetches what the cache then keeps),
-        each over a prefix of half the simulated positions."""
+        """Bytes the node reads and fetches in an epoch like ``epoch`` once the cache is warm: the epoch after
+        it simulated behind it (a cold one also fetches what the cache keeps), each over half the positions."""
         reads, frac = self.node_reads(epoch, SIM_POSITIONS // 2)
         after, frac_after = self.node_reads(epoch + 1, SIM_POSITIONS // 2)
         sizes = self.ds.index.sizes
@@ -303,8 +302,9 @@ class LoaderCache:
         node_bytes = int(sizes[touched].sum())
         if frac_after < 1.0:
             node_bytes = min(int(sizes.sum()), int(node_bytes / frac_after))
-        room = self.belady_room()
-        warm = belady_bytes(np.concatenate([reads, after]), sizes, room) - belady_bytes(reads, sizes, room)
+        room, charge = self.belady_room(), entry_bytes(self.ds.index)  # the room holds shards' blocks and sidecars
+        warm = (belady_bytes(np.concatenate([reads, after]), charge, room) - belady_bytes(reads, charge, room)) \
+            * int(sizes.sum()) / max(1, int(charge.sum()))
         return {"node_bytes": node_bytes, "fetched_bytes": int(warm / max(frac_after, 1e-9)),
                 "fraction_simulated": frac_after}
 

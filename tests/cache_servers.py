@@ -161,6 +161,9 @@ class RangeServer(ThreadingHTTPServer):
     ``max_in_flight``: the most GETs answered at once (set it to 0 to measure a span)."""
 
     daemon_threads = True
+    # the listen backlog: at socketserver's 5, a client opening many connections at once lost SYNs and
+    # waited the kernel's 1 s retransmit for some (an object store takes them all)
+    request_queue_size = 128
 
     def __init__(self, root: str):
         super().__init__(("127.0.0.1", 0), _Handler)

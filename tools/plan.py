@@ -187,10 +187,7 @@ def _open(args):
                 share = open_source(index.path(0) + ".idx", stall_s=30.0).size() / int(index.sizes[0])
             except (OSError, ShardError, ValueError):
                 pass  # no sidecar to measure: the usual share
-        meta = 0
-        for dirpath, _, files in os.walk(os.path.join(folder, "datasets")):
-            meta += sum(os.path.getsize(os.path.join(dirpath, n)) for n in files if ".tmp-" not in n)
-        return index, share, meta
+        return index, share, index.cache.budget.fixed_bytes(plans=False)  # the mirror, in the disk's blocks
     index = open_index(src)
     side = 0
     for i in range(len(index)):
@@ -198,7 +195,9 @@ def _open(args):
             side += os.path.getsize(index.path(i) + ".idx")
         except OSError:
             pass
-    return index, side / max(1, int(index.sizes.sum())), 0
+    from shardfeed.cache.disk_blocks import empty_cache_bytes
+
+    return index, side / max(1, int(index.sizes.sum())), empty_cache_bytes()
 
 
 def _side_bytes(index) -> int:

@@ -338,6 +338,12 @@ class OpenShards:
         for s in [s for s in self.views if s not in self._pins][:excess]:
             self._close(s, self._pop_view(s))
 
+    def close_idle(self) -> None:
+        """Close every open shard no read holds now (a node-local cache waiting for room asks:
+        their pins would hold it); they open again when a read needs them."""
+        for s in [s for s in self.views if s not in self._pins and s not in self.keep]:
+            self._close(s, self._pop_view(s))
+
     def _close(self, s: int, v) -> None:
         if isinstance(v, TarView):
             self.slots.remove(v)

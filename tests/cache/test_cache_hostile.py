@@ -43,7 +43,7 @@ def _peak_rss_mb() -> float:
 
 
 def _nothing_cached(cache) -> bool:
-    return cache.used_bytes() == 0 and not os.listdir(cache.data_dir)
+    return cache.used_bytes() == cache.budget.fixed_bytes() and not os.listdir(cache.data_dir)  # its folders
 
 
 @pytest.mark.timeout(60)

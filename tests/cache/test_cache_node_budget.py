@@ -118,8 +118,9 @@ def _shard_bytes_in_cache(folder: str) -> int:
 def test_ranks_of_a_node_share_the_cache_without_deadlock(tmp_path, dataset, world):
     index = open_index(dataset)
     entry, total = max_entry_bytes(index), int(index.num_bytes)
-    whole = int(entry_bytes(index).sum()) + (64 << 10)  # with room for the mirrored index and the plans
-    limits = [entry, total // 2, whole]  # all of it fits whatever the ranks pin
+    whole = int(entry_bytes(index).sum()) + (96 << 10)  # with room for the mirrored index, plans and folders (blocks)
+    # the first beside room for the mirrored index and the cache's folders (in blocks), so the node's check decides
+    limits = [entry + (64 << 10), total // 2, whole]  # all of it fits whatever the ranks pin
     with RangeServer(dataset) as srv, DiskWatch(str(tmp_path)) as watch:
         runs = _ranks(tmp_path, srv.url, world, limits, "a")
     assert watch.samples > 10
@@ -178,8 +179,9 @@ def test_plain_iteration_through_a_small_cache_yields_every_sample(tmp_path, dat
 def test_plain_dataloader_workers_over_one_shard_fail_at_once_with_the_figure(tmp_path, dataset):
     entry = max_entry_bytes(open_index(dataset))
     with RangeServer(dataset) as srv:
-        ds = ShardDataset(srv.url, shuffle="global", cache_dir=str(tmp_path / "c"), cache_limit_bytes=entry)
-        fixed = ShardCache(str(tmp_path / "c"), 1 << 30).budget.fixed_bytes()  # the mirrored index
+        ShardDataset(srv.url, cache_dir=str(tmp_path / "c"), cache_limit_bytes=1 << 30)  # mirrors the index
+        fixed = ShardCache(str(tmp_path / "c"), 1 << 30).budget.fixed_bytes()  # which stays, in blocks
+        ds = ShardDataset(srv.url, shuffle="global", cache_dir=str(tmp_path / "c"), cache_limit_bytes=entry + fixed)
         import torch.utils.data._utils.worker as w
 
         w._worker_info = w.WorkerInfo(id=0, num_workers=2, seed=0, dataset=ds)  # as worker 0 of 2 sees it

@@ -10,6 +10,7 @@ import pytest
 
 from cache_servers import Fault, RangeServer
 from shardfeed.cache import CacheLimitError, FetchOptions, Prefetcher, ShardCache, ShardRef
+from shardfeed.cache.disk_blocks import empty_cache_bytes
 from shardfeed.formats import ShardError
 
 FAST = FetchOptions(range_bytes=64 << 10, threads=2, attempts=2, backoff_s=0.01, stall_s=5.0)
@@ -38,7 +39,7 @@ def _wait_for(cond, timeout=10.0):
 
 
 def test_fetches_ahead_in_order_within_window(tmp_path, served):
-    cache = ShardCache(str(tmp_path / "c"), 10_000, fetch=FAST)
+    cache = ShardCache(str(tmp_path / "c"), 1 << 20, fetch=FAST)
     refs = _refs(served)
     with Prefetcher(cache, refs, max_ahead_bytes=3000, threads=1) as pf:
         _wait_for(lambda: cache.contains(refs[2].url))
@@ -57,7 +58,7 @@ def test_fetches_ahead_in_order_within_window(tmp_path, served):
 
 
 def test_window_moves_with_the_consumer(tmp_path, served):
-    cache = ShardCache(str(tmp_path / "c"), 10_000, fetch=FAST)
+    cache = ShardCache(str(tmp_path / "c"), 1 << 20, fetch=FAST)
     refs = _refs(served)
     with Prefetcher(cache, refs, max_ahead_bytes=2000, threads=2) as pf:
         pf.get(3)  # the consumer jumped to 3: 3 and 4 come next, 5 is outside the window
@@ -68,7 +69,7 @@ def test_window_moves_with_the_consumer(tmp_path, served):
 
 def test_close_stops_threads_and_is_idempotent(tmp_path, served):
     served.faults.append(Fault("s1.bin", "stall", times=1, stall_s=1.0))
-    cache = ShardCache(str(tmp_path / "c"), 10_000, fetch=FAST)
+    cache = ShardCache(str(tmp_path / "c"), 1 << 20, fetch=FAST)
     pf = Prefetcher(cache, _refs(served), max_ahead_bytes=8000, threads=2)
     threads = [t for t in threading.enumerate() if t.name.startswith("shardfeed-prefetch-")]
     assert len(threads) == 2 and all(t.daemon for t in threads)
@@ -83,7 +84,7 @@ def test_close_stops_threads_and_is_idempotent(tmp_path, served):
 
 def test_error_reaches_the_consumer_for_that_shard(tmp_path, served):
     refs = _refs(served, 3) + [ShardRef(f"{served.url}/missing.bin", None, 10)] + _refs(served, 5)[4:]
-    cache = ShardCache(str(tmp_path / "c"), 10_000, fetch=FAST)
+    cache = ShardCache(str(tmp_path / "c"), 1 << 20, fetch=FAST)
     with Prefetcher(cache, refs, max_ahead_bytes=8000, threads=2) as pf:
         for i in range(3):
             pf.get(i)
@@ -103,7 +104,9 @@ def test_window_larger_than_budget_fails_at_start(tmp_path, served):
 def test_consumed_shards_leave_the_plan(tmp_path, served):
     """Regression: the plan once kept the steps of shards already read, so
     they looked "needed soonest" and the shards coming next were evicted."""
-    cache = ShardCache(str(tmp_path / "c"), 3600, fetch=FAST)  # three shards and the plan file (counted too)
+    # three shards in a block each, the plan (its folder, its file and the one written beside it), the cache's
+    # folders and the fetch in flight (a block, and one for the identity attribute of a copy without a hash)
+    cache = ShardCache(str(tmp_path / "c"), empty_cache_bytes() + 3 * 4096 + 3 * 4096 + 2 * 4096, fetch=FAST)
     refs = _refs(served)
     with Prefetcher(cache, refs, max_ahead_bytes=2000, threads=1) as pf:
         for i in range(8):

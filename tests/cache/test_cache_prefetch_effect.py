@@ -60,9 +60,10 @@ def _epochs(srv, cache_dir, limit, epochs=2):
 
 
 def _limit(root, share):
+    """``share`` of the shards and sidecars in the disk's blocks (what the cache's budget charges)."""
     ix = open_index(root)
-    sidecars = sum(os.path.getsize(os.path.join(root, n + ".idx")) for n in ix.names)
-    return int(share * (int(ix.sizes.sum()) + sidecars))
+    files = [int(n) for n in ix.sizes] + [os.path.getsize(os.path.join(root, n + ".idx")) for n in ix.names]
+    return int(share * sum(-(-n // 4096) * 4096 for n in files))
 
 
 def test_readers_hit_what_the_prefetcher_brought_when_the_plan_fits(tmp_path, dataset):

@@ -15,6 +15,7 @@ import pytest
 from conftest import labelled_sample
 from shardfeed.cache import ShardCache
 from shardfeed.cache.budget import Budget, NoRoom
+from shardfeed.cache.disk_blocks import empty_cache_bytes
 from shardfeed.cache.ranged_reads import RangePolicy
 from shardfeed.cache.simulate import Accesses, simulate_ranged
 from shardfeed.formats import ShardWriter, open_index
@@ -43,17 +44,17 @@ def test_plan_keeps_the_reserve_the_policy_keeps(tmp_path, dataset, f, ranks, wo
         policy.observe_sidecar(n, int(sizes[i]), index.path(i))
     policy.working_set(index, 8, ranks * max(1, workers), ranks)  # what the Loader's start check passes
     planned = ranged_reserve(index.counts, sizes, limit, ranks, 8, share, workers, side_bytes=_side_bytes(index),
-                             fixed_bytes=0)
+                             fixed_bytes=empty_cache_bytes())
     assert policy.reserve > 0 and planned == policy.reserve
     # the part of it the cost model's whole shards may not take (the pins, the metadata and the
     # prefetch windows) is the floor the simulator admits against
     _, floor = ranged_reserve(index.counts, sizes, limit, ranks, 8, share, workers, side_bytes=_side_bytes(index),
-                              fixed_bytes=0, floor=True)
+                              fixed_bytes=empty_cache_bytes(), floor=True)
     assert floor == policy.reserve - policy.slack() and policy.window_bytes > 0
     # more readers per rank pin more batches: the plan sees it (it modelled one reader a rank before)
     if workers > 1:
         assert planned > ranged_reserve(index.counts, sizes, limit, ranks, 8, share, 0,
-                                        side_bytes=_side_bytes(index), fixed_bytes=0)
+                                        side_bytes=_side_bytes(index), fixed_bytes=empty_cache_bytes())
 
 
 def test_reserve_counts_only_the_samples_read_as_ranges(dataset):
@@ -137,7 +138,8 @@ def test_an_admitted_shards_room_stays_held_until_its_fetch_starts(tmp_path):
     must not take it for a dead fetcher's temporary (nobody holds its fetch lock yet): with 4
     ranks admitting at once, the whole shards overfilled their room (16 where 12 fit) and the
     readers' batches no longer did. A dead process's placeholder is dropped."""
-    from shardfeed.cache.budget import ADMIT, CacheLimitError
+    from shardfeed.cache.admission import ADMIT
+    from shardfeed.cache.budget import CacheLimitError
 
     cdir = str(tmp_path)
     data = os.path.join(cdir, "data")

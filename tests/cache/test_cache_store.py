@@ -12,6 +12,7 @@ import xxhash
 
 from cache_servers import Fault, RangeServer, fetch_in_child, pin_in_child
 from shardfeed.cache import CacheLimitError, FetchOptions, ShardCache
+from shardfeed.cache.disk_blocks import empty_cache_bytes
 
 FAST = FetchOptions(range_bytes=64 << 10, threads=4, attempts=3, backoff_s=0.01, stall_s=5.0)
 
@@ -27,14 +28,26 @@ def _files(folder, n, size=100) -> list[str]:
     return paths
 
 
+def _entry(tmp_path, n: int) -> int:
+    """What the budget charges an entry of ``n`` bytes fetched without a hash: whole disk blocks,
+    and one for its identity attribute where the filesystem keeps attributes outside the inode."""
+    src = _files(str(tmp_path / f"probe-src-{n}"), 1, n)[0]
+    cache = ShardCache(str(tmp_path / f"probe-{n}"), 1 << 30)
+    cache.get(src)
+    return cache.used_bytes() - cache.budget.fixed_bytes()
+
+
 SIZE = 10_000
-PLAN_ROOM = 2_000  # the budget counts the published lookahead plans too (a few hundred bytes here)
-THREE = 3 * SIZE + PLAN_ROOM  # three entries fit, four do not
+# the budget counts the published lookahead plans too: their folder, the plan and the one written beside it
+PLAN_ROOM = 3 * 4096
 
 
-def _plans(cache) -> int:
-    folder = os.path.join(cache.cache_dir, "lookahead")
-    return sum(os.path.getsize(os.path.join(folder, n)) for n in os.listdir(folder))
+ATTR = 4096  # a fetch without a hash holds a block for its identity attribute until its copy is in place
+
+
+def _three(tmp_path) -> int:
+    """A limit three entries of SIZE fit, four do not (the cache's own folders and plans beside them)."""
+    return 3 * _entry(tmp_path, SIZE) + PLAN_ROOM + empty_cache_bytes() + ATTR
 
 
 def _cached(cache, urls) -> list[int]:
@@ -43,7 +56,7 @@ def _cached(cache, urls) -> list[int]:
 
 def test_evicts_farthest_next_use(tmp_path):
     urls = _files(str(tmp_path / "src"), 5, SIZE)
-    cache = ShardCache(str(tmp_path / "c"), THREE, fetch=FAST)
+    cache = ShardCache(str(tmp_path / "c"), _three(tmp_path), fetch=FAST)
     for u in urls[:3]:
         cache.get(u)
     cache.set_lookahead([(urls[0], 5), (urls[1], 1), (urls[2], 9), (urls[3], 2)])
@@ -51,12 +64,13 @@ def test_evicts_farthest_next_use(tmp_path):
     assert _cached(cache, urls) == [0, 1, 3]  # 2 was needed last
     cache.get(urls[4])  # s4 is in no plan, nor is anything else unplanned: the farthest planned goes
     assert _cached(cache, urls) == [1, 3, 4]
-    assert cache.stats()["evictions"] == 2 and cache.used_bytes() - _plans(cache) == 3 * SIZE
+    assert cache.stats()["evictions"] == 2
+    assert cache.used_bytes() - cache.budget.fixed_bytes() == 3 * _entry(tmp_path, SIZE)
 
 
 def test_unplanned_entries_go_first_least_recently_used(tmp_path):
     urls = _files(str(tmp_path / "src"), 5, SIZE)
-    cache = ShardCache(str(tmp_path / "c"), THREE, fetch=FAST)
+    cache = ShardCache(str(tmp_path / "c"), _three(tmp_path), fetch=FAST)
     for u in urls[:3]:
         cache.get(u)
         time.sleep(0.01)
@@ -68,8 +82,8 @@ def test_unplanned_entries_go_first_least_recently_used(tmp_path):
 
 def test_lookahead_of_another_process_counts(tmp_path):
     urls = _files(str(tmp_path / "src"), 4, SIZE)
-    other = ShardCache(str(tmp_path / "c"), THREE, fetch=FAST)
-    cache = ShardCache(str(tmp_path / "c"), THREE, fetch=FAST)
+    other = ShardCache(str(tmp_path / "c"), _three(tmp_path), fetch=FAST)
+    cache = ShardCache(str(tmp_path / "c"), _three(tmp_path), fetch=FAST)
     for u in urls[:3]:
         cache.get(u)
     other.set_lookahead([(urls[0], 1), (urls[1], 2)])  # another rank needs s0 and s1 soon
@@ -80,7 +94,7 @@ def test_lookahead_of_another_process_counts(tmp_path):
 
 def test_pinned_entry_is_not_evicted(tmp_path):
     urls = _files(str(tmp_path / "src"), 4, SIZE)
-    cache = ShardCache(str(tmp_path / "c"), THREE, fetch=FAST, wait_timeout_s=0.3)
+    cache = ShardCache(str(tmp_path / "c"), _three(tmp_path), fetch=FAST, wait_timeout_s=0.3)
     with cache.hold(urls[0]) as p0:
         cache.get(urls[1])
         cache.get(urls[2])
@@ -96,7 +110,8 @@ def test_entry_pinned_by_another_process_is_not_evicted(tmp_path):
     urls = _files(str(tmp_path / "src"), 3)
     cdir = str(tmp_path / "c")
     pinned, release = str(tmp_path / "pinned"), str(tmp_path / "release")
-    child = mp.get_context("spawn").Process(target=pin_in_child, args=(cdir, 200, urls[0], pinned, release))
+    two = 2 * _entry(tmp_path, 100) + empty_cache_bytes() + ATTR  # two entries of 100 bytes fit, three do not
+    child = mp.get_context("spawn").Process(target=pin_in_child, args=(cdir, two, urls[0], pinned, release))
     child.start()
     try:
         deadline = time.monotonic() + 180  # spawn imports numpy/pyarrow: slow on a loaded machine
@@ -104,14 +119,14 @@ def test_entry_pinned_by_another_process_is_not_evicted(tmp_path):
             if not child.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError(f"pinning child did not start (exit code {child.exitcode})")
             time.sleep(0.01)
-        cache = ShardCache(cdir, 200, fetch=FAST, wait_timeout_s=0.3)
+        cache = ShardCache(cdir, two, fetch=FAST, wait_timeout_s=0.3)
         cache.get(urls[1])
         cache.get(urls[2])  # must evict: s0 is unplanned and oldest, but pinned over there
         assert _cached(cache, urls) == [0, 2]
         with cache.hold(urls[2]):
             with pytest.raises(CacheLimitError, match="pinned or in flight") as err:
                 cache.get(urls[1])  # everything is pinned: no room within the wait
-        assert err.value.needed_bytes == 300
+        assert err.value.needed_bytes >= two + _entry(tmp_path, 100)
     finally:
         open(release, "w").close()
         child.join(60)
@@ -157,8 +172,9 @@ def test_budget_below_working_set_says_bytes_needed(tmp_path):
         cache.reserve(4096)
     assert err.value.needed_bytes == 4096
     src = _files(str(tmp_path / "src"), 1, size=2000)[0]
-    with pytest.raises(CacheLimitError, match="at least 2000"):
+    with pytest.raises(CacheLimitError, match="at least 8,192|at least 8192") as err:  # in whole blocks
         cache.get(src)
+    assert err.value.needed_bytes >= 4096
 
 
 def test_temporary_files_count_in_the_budget(tmp_path):
@@ -168,13 +184,15 @@ def test_temporary_files_count_in_the_budget(tmp_path):
     (root / "other.bin").write_bytes(b"o" * 600)
     with RangeServer(str(root)) as srv:
         srv.faults.append(Fault("slow.bin", "stall", times=1, stall_s=2.0))
-        cache = ShardCache(str(tmp_path / "c"), 1000, fetch=FAST, wait_timeout_s=0.3)
+        one = _entry(tmp_path, 600)
+        cache = ShardCache(str(tmp_path / "c"), empty_cache_bytes() + one + ATTR + one // 2, fetch=FAST,
+                           wait_timeout_s=0.3)
         t = threading.Thread(target=cache.get, args=(f"{srv.url}/slow.bin",))
         t.start()
         deadline = time.monotonic() + 10
-        while cache.used_bytes() == 0 and time.monotonic() < deadline:
+        while cache.used_bytes() == empty_cache_bytes() and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert cache.used_bytes() == 600  # the in-flight temporary, at its full size
+        assert cache.used_bytes() == empty_cache_bytes() + one + ATTR  # the in-flight temporary, at its full size
         assert any(".tmp-" in n for n in os.listdir(cache.data_dir))
         with pytest.raises(CacheLimitError, match="pinned or in flight"):
             cache.get(f"{srv.url}/other.bin")
@@ -186,17 +204,18 @@ def test_orphaned_temporary_is_reclaimed(tmp_path):
     """A fetcher that died leaves a temporary nobody's lock covers: the next
     reservation removes it instead of counting it forever."""
     src = _files(str(tmp_path / "src"), 1, size=600)[0]
-    cache = ShardCache(str(tmp_path / "c"), 1000)
+    one = _entry(tmp_path, 600)
+    cache = ShardCache(str(tmp_path / "c"), empty_cache_bytes() + one + ATTR + one // 2)
     with open(os.path.join(cache.data_dir, "u-dead.tmp-999-abcd"), "wb") as f:
         f.write(b"x" * 900)
-    assert cache.used_bytes() == 900
+    assert cache.used_bytes() == empty_cache_bytes() + 4096  # a block
     cache.get(src)
-    assert cache.used_bytes() == 600
+    assert cache.used_bytes() == empty_cache_bytes() + one
 
 
 def test_eviction_removes_the_entry_lock_files(tmp_path):
     urls = _files(str(tmp_path / "src"), 6)
-    cache = ShardCache(str(tmp_path / "c"), 200, fetch=FAST)
+    cache = ShardCache(str(tmp_path / "c"), 2 * _entry(tmp_path, 100) + empty_cache_bytes() + ATTR, fetch=FAST)
     for u in urls:
         cache.get(u)
     assert len(os.listdir(cache.data_dir)) == 2

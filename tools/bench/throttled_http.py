@@ -115,6 +115,9 @@ class ThrottledServer(ThreadingHTTPServer):
     in a thread (``with`` starts and stops it); ``url``, ``bytes_sent``, ``requests``."""
 
     daemon_threads = True
+    # the listen backlog: at socketserver's 5, a client opening many connections at once lost SYNs and
+    # waited the kernel's 1 s retransmit for some (an object store takes them all)
+    request_queue_size = 128
 
     def __init__(self, root: str, bytes_per_s: float, latency_s: float = 0.0):
         super().__init__(("127.0.0.1", 0), _Handler)
