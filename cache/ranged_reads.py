@@ -322,7 +322,9 @@ class RangedShards(CachedShards):
                 self._partial.discard(s)  # its partial copy, if any, is removed once the whole copy is here
                 pending += int(ref.size or 0)
                 continue
-            todo.append((s, ref, mine, count, policy.fetcher.pin(ref)))
+            pin = policy.fetcher.pin(ref)
+            todo.append((s, ref, mine, count, pin))
+            pin.claim(np.unique(mine).tolist())  # before ensure_all checks them: no punch removes them now
 
     def finish(self, token) -> None:
         policy = self.policy() if token or self._unpunched else None
@@ -331,6 +333,7 @@ class RangedShards(CachedShards):
             try:
                 if self.batch_step is not None:
                     policy.fetcher.consumed.note(self.batch_step, ref.url, mine)  # before the punch
+                pin.unclaim()  # read: this reader's own claims keep nothing from the punch
                 if self.punch_consumed and not policy.fetcher.punch_consumed(ref, mine):
                     self._unpunched.append((ref, mine))
             finally:

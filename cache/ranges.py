@@ -16,7 +16,7 @@ a hole reads as zeros and fails its checksum, so it is never data). The
 budget counts a partial copy by the disk blocks it holds, not its size.
 Samples a reader has consumed are given back with ``punch`` (the blocks
 only they cover become holes again), so a partial copy holds what the plan
-reads next, not what it read.
+reads next, not what it read; samples another reader claimed stay (locks.py).
 
 Locks as for whole shards (store.py): a fetch pins the partial copy
 (``locks/r-<key>.pin``, shared) and then takes its fetch lock, so the
@@ -38,7 +38,7 @@ import numpy as np
 from shardfeed.cache.budget import SIDECAR, unlink_quiet
 from shardfeed.cache.consumed import Consumed
 from shardfeed.cache.fetch import Cancelled, with_retries
-from shardfeed.cache.locks import FileLock, acquire_timed
+from shardfeed.cache.locks import FileLock, acquire_timed, free_slots
 from shardfeed.cache.range_room import Leases, drain, requests
 from shardfeed.cache.sources import open_source
 from shardfeed.formats import ShardError
@@ -359,7 +359,9 @@ class RangeFetcher:
             except FileNotFoundError:
                 return True
             try:
-                self._punch(fd, table, np.unique(np.asarray(local, np.int64)))
+                pin = os.path.join(self.cache.lock_dir, os.path.basename(path) + ".pin")
+                with free_slots(pin, np.unique(np.asarray(local, np.int64)).tolist()) as free:
+                    self._punch(fd, table, np.asarray(free, np.int64))
             finally:
                 os.close(fd)
         finally:
