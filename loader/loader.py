@@ -107,8 +107,7 @@ class Loader:
         self._stats = LoaderStats()
         self._cache = None  # the prefetcher of a dataset read through the node-local cache (caching.py)
         # a followed URL has no prefetcher: its readers fetch each new shard on first read (remote_follow.py)
-        # probes of the dataset (ShardDataset or Mixture: no common base; a Mixture has neither member)
-        if getattr(dataset, "cache", None) is not None and not getattr(dataset, "follow", False):
+        if dataset.cache is not None and not dataset.follow:
             from shardfeed.loader.caching import LoaderCache
 
             if self._auto is not None:  # the cache's budget is checked for its readers before any batch

@@ -50,8 +50,7 @@ def wanted(loader, maker) -> bool:
     if os.environ.get("SHARDFEED_READ_AHEAD", "").strip() == "0":
         return False
     return (type(maker) is BatchMaker and maker.transform is None and maker.collate_fn is None
-            # a dataset probe (no common base): a Mixture, which has no follow, is taken as followed
-            and maker.cached is None and loader._cache is None and not getattr(loader.dataset, "follow", True)
+            and maker.cached is None and loader._cache is None and not loader.dataset.follow
             and threads_allowed() >= 2)
 
 

@@ -313,8 +313,7 @@ class MakerFactory:
             from shardfeed.formats.engine.group_share import share_in_this_process
 
             share_in_this_process()
-        # probes of the dataset (ShardDataset or Mixture: no common base; a Mixture has no cache)
-        if getattr(self.dataset, "cache", None) is not None:  # sizes what each reader keeps pinned
+        if self.dataset.cache is not None:  # sizes what each reader keeps pinned
             return self.dataset.maker(self.collate_fn, readers=self.readers)
         maker = self.dataset.maker(self.collate_fn)
         maker.stride = self.readers  # a worker reads every num_workers-th batch
@@ -326,7 +325,7 @@ class MakerFactory:
         loading them from numba's cache, and the batches of the worker that
         starts second wait behind that on the consumer's path."""
         maker.reader.warm()
-        if getattr(self.dataset, "follow", False):  # a dataset probe (a Mixture: warmed as fixed)
+        if self.dataset.follow:
             return  # a stream has no fixed plan to warm
         plan = self.dataset.unbatched_plan()
         if plan.num_samples:

@@ -176,3 +176,26 @@ def test_every_feed_declares_near(root, tmp_path):
     assert len({type(f) for f in others}) == 3
     for f in others:
         assert isinstance(f, Feed) and not f.knows_near and f.near(2) == []
+
+
+def test_every_dataset_answers_what_the_loader_asks(root, tmp_path):
+    """ShardDataset and Mixture both declare ``cache`` and ``follow`` (the Loader, its workers and the
+    read-ahead ask them without probing); a Loader over a mixture with a stream, read by a worker,
+    delivers every sample once."""
+    from shardfeed.loader import Loader
+
+    stream = str(tmp_path / "live")
+    with ShardWriter(stream, max_shard_samples=5, append=True) as w:
+        for i in range(12):
+            w.write({"__key__": f"s-{i:04d}", "cls": i})
+        w.end_stream()
+    follow = ShardDataset(stream, follow=True, poll_s=0.01, idle_timeout_s=5)
+    fixed = Mixture([root, root], weights=[1, 1], epoch_samples=16)
+    live = Mixture([root, follow], weights=[1, 1])
+    got = [(d.cache, d.follow) for d in (ShardDataset(root), follow, fixed, live)]
+    assert got == [(None, False), (None, True), (None, False), (None, True)]
+    keys = []
+    for batch in Loader(live, batch_size=4, num_workers=1):
+        keys += batch["__key__"]
+    assert sorted(k for k in keys if k.startswith("s-")) == [f"s-{i:04d}" for i in range(12)]
+    assert len(keys) == 24  # as many of the fixed source as of the stream (weights 1:1)
