@@ -47,7 +47,7 @@ class BatchMaker(Maker):
                  unsafe: tuple[str, ...] = (), read_mode: str = "pread", cached=None, readers: int = 1,
                  in_order: bool = False):
         self.policy = policy or ErrorPolicy("raise")
-        # cached: a cache.reads.CachedShards when shards come through the node-local cache
+        # cached: a cache.shard_access.ShardAccess when shards come through the node-local cache
         self.cached = cached
         self._refetched: set[int] = set()
         extra = {}
