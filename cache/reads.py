@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 
 from shardfeed.cache.fetch import PREFETCH_COUNTERS, FetchOptions
+from shardfeed.cache.shard_access import ShardAccess
 from shardfeed.cache.store import ShardCache, ShardRef
 
 DEFAULT_DIR_ENV = "SHARDFEED_CACHE_DIR"
@@ -142,8 +143,9 @@ def _reader_counters() -> dict:
     return {"hits": 0, "misses": 0, "wait_s": 0.0, "late_samples": 0}
 
 
-class CachedShards:
-    """Path resolver of a BatchReader over ``index`` (see the module docstring).
+class CachedShards(ShardAccess):
+    """Path resolver of a BatchReader over ``index`` (see the module docstring): the
+    whole-shard ShardAccess (cache/shard_access.py).
 
     ``url_of(i)`` names shard ``i`` at its source (default ``index.path(i)``).
     ``let_go``: set by the reader (loader/batcher.py) to close the shards it keeps

@@ -57,22 +57,11 @@ def seeded(key: tuple[int, ...], restore: bool = True):
             random.setstate(saved[2])
 
 
-def maker_of(maker):
-    """The BatchMaker inside a follow/mixture wrapper (they keep it as ``.maker``)."""
-    while not hasattr(maker, "batch_key") and hasattr(maker, "maker"):
-        maker = maker.maker
-    return maker
-
-
 def in_worker(maker) -> None:
     """``maker`` runs in a loader worker: its seeded globals need not be put back."""
-    inner = maker_of(maker)
-    if hasattr(inner, "restore_rng"):
-        inner.restore_rng = False
+    maker.inner().restore_rng = False
 
 
 def set_batch(maker, key: tuple[int, ...] | None) -> None:
     """The key of the batch ``maker.make()`` makes next."""
-    inner = maker_of(maker)
-    if hasattr(inner, "batch_key"):
-        inner.batch_key = key
+    maker.inner().batch_key = key

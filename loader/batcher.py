@@ -26,6 +26,7 @@ from shardfeed.loader.batch_seeds import generator, seeded
 from shardfeed.loader.bytes_column import BytesList
 from shardfeed.loader.collate import Blob, Strs, collate_column, default_collate, gathered_column
 from shardfeed.loader.errors import ErrorPolicy
+from shardfeed.loader.makers import Maker
 from shardfeed.loader.scratch import Scratch
 
 AHEAD_BATCHES = 8  # of its own next batches whose compressed shards a reader decompresses ahead
@@ -38,15 +39,15 @@ def _accepts(fn, name: str) -> bool:
         return False
 
 
-class BatchMaker:
-    """Turns a batch's global sample ids into columns (see collate.py)."""
+class BatchMaker(Maker):
+    """Turns a batch's global sample ids into columns (see collate.py); the reading Maker (makers.py)."""
 
     def __init__(self, index, decode: bool = True, transform: Callable | None = None,
                  collate_fn: Callable | None = None, policy: ErrorPolicy | None = None,
                  unsafe: tuple[str, ...] = (), read_mode: str = "pread", cached=None, readers: int = 1,
                  in_order: bool = False):
         self.policy = policy or ErrorPolicy("raise")
-        # cached: a cache.reads.CachedShards when shards come through the node-local cache
+        # cached: a cache.shard_access.ShardAccess when shards come through the node-local cache
         self.cached = cached
         self._refetched: set[int] = set()
         extra = {}
@@ -56,15 +57,15 @@ class BatchMaker:
 
             biggest = max_entry_bytes(index)  # the shard and its sidecar, as the checks count it
             max_open = reader_max_open(cached.spec.limit_bytes, biggest, readers)
-            if not getattr(cached, "keep_open", True):
+            if not cached.keep_open:
                 max_open = 0  # a stream's shard sizes are unknown when sized: pins last one read
-            if getattr(cached, "ranged", False):
+            if cached.ranged:
                 from shardfeed.cache.ranged_reads import RANGED_MAX_OPEN
 
                 max_open = max(max_open, RANGED_MAX_OPEN)  # whole shards: partial copies close after each read
             extra = dict(path_of=cached.path_of, release=cached.release, max_open=max_open)
         self.reader = BatchReader(index, verify=True, skip=self.policy.skip, read_mode=read_mode, **extra)
-        if hasattr(cached, "forget_view"):  # a partial copy admitted whole since: reopened as the whole copy
+        if cached is not None:  # a partial copy admitted whole since: reopened as the whole copy
             cached.forget_view = self.reader.shards.forget
         if cached is not None:  # a fetch waiting for room closes the shards this reader keeps open idle
             cached.let_go = self.reader.shards.close_idle
@@ -142,15 +143,15 @@ class BatchMaker:
         discarded and fetched again, verified, and the batch read once more.
         Damaged bytes are never returned either way. A cache that fetches
         sample ranges (cache/ranged_reads.py) brings the batch's first."""
-        prepare = getattr(self.cached, "prepare", None)
-        if prepare is None:
+        cached = self.cached
+        if cached is None:
             return self._read_once(ids, alloc)
-        if hasattr(self.cached, "batch_step"):  # a prefetch for this step leaves what it consumes be
-            from shardfeed.loader.caching import step_key  # a cache's read only: local reads import none of it
+        # a prefetch for this step leaves what it consumes be
+        from shardfeed.loader.caching import step_key  # a cache's read only: local reads import none of it
 
-            key = self.batch_key
-            self.cached.batch_step = None if key is None else step_key(key[1], key[2])
-        token = prepare(ids)
+        key = self.batch_key
+        cached.batch_step = None if key is None else step_key(key[1], key[2])
+        token = cached.prepare(ids)
         try:
             return self._read_once(ids, alloc)
         finally:
@@ -168,10 +169,9 @@ class BatchMaker:
         return raw
 
     def _read_again(self, ids, alloc) -> RawBatch:
-        prepare = getattr(self.cached, "prepare", None)
-        if prepare is None:
+        if self.cached is None:
             return self.reader.read(ids, alloc)
-        token = prepare(ids)  # a discarded partial copy: its ranges again, checked
+        token = self.cached.prepare(ids)  # a discarded partial copy: its ranges again, checked
         try:
             return self.reader.read(ids, alloc)
         finally:

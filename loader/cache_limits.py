@@ -189,5 +189,5 @@ def ranges_possible(ds, feed) -> bool:
         return False  # read as ranges already, or too small for them
     n = int(index.num_samples)
     big = n > 0 and int(np.asarray(index.sizes).sum()) / n >= ranged_reads.RANGE_MIN_SAMPLE_BYTES
-    return bool(hasattr(feed, "near") and len(index) and (big or ranged_reads.ENABLED)
+    return bool(feed.knows_near and len(index) and (big or ranged_reads.ENABLED)
                 and all(ranged_reads.rangeable(index, i) for i in range(len(index))))

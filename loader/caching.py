@@ -160,8 +160,8 @@ class LoaderCache:
         from shardfeed.cache.ranged_reads import rangeable, use_ranges
 
         index = self.ds.index
-        return bool(use_ranges(index) and self.ds.order.value == "global" and hasattr(self.feed, "near")
-                    and hasattr(self.feed, "batch_size") and len(index)
+        return bool(use_ranges(index) and self.ds.order.value == "global" and self.feed.knows_near
+                    and len(index)
                     and all(rangeable(index, i) for i in range(len(index))))
 
     def ranged_need(self, policy, readers: int | None = None, batch: int | None = None) -> int:

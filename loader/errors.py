@@ -60,6 +60,7 @@ class ErrorPolicy:
 
     def explain(self, e: BaseException) -> None:
         """Under ``"raise"``: add to a data error what ``"skip"`` would do (once)."""
+        # __notes__ (Python's, on an exception) exists only once a note was added
         if not self.skip and isinstance(e, ShardError) and SKIP_HINT not in getattr(e, "__notes__", ()):
             e.add_note(SKIP_HINT)
 

@@ -29,7 +29,6 @@ import torch
 from shardfeed.formats.lazy import first_gc_paused
 from shardfeed.loader import autotune
 from shardfeed.loader import state as _state
-from shardfeed.loader.batch_seeds import maker_of
 from shardfeed.loader.dataset import ShardDataset
 from shardfeed.loader.schedule import BatchSchedule, Stage
 from shardfeed.loader.stats import LoaderStats
@@ -104,10 +103,11 @@ class Loader:
         self._pos = self.feed.get_state()
         self._pool: WorkerPool | None = None
         self._maker = None
+        self._read_ahead = False  # a batch read on a thread while the last is out (_allow_threads decides)
         self._stats = LoaderStats()
         self._cache = None  # the prefetcher of a dataset read through the node-local cache (caching.py)
         # a followed URL has no prefetcher: its readers fetch each new shard on first read (remote_follow.py)
-        if getattr(dataset, "cache", None) is not None and not getattr(dataset, "follow", False):
+        if dataset.cache is not None and not dataset.follow:
             from shardfeed.loader.caching import LoaderCache
 
             if self._auto is not None:  # the cache's budget is checked for its readers before any batch
@@ -237,13 +237,13 @@ class Loader:
         """(item, columns, info) made in this process, one step at a time."""
         if self._maker is None:
             self._maker = self.dataset.maker(self.collate_fn)
-            if self.bytes_as == "bytes" and hasattr(maker_of(self._maker), "gather_into_bytes"):
-                maker_of(self._maker).gather_into_bytes()  # this process hands the bytes out: read into them
+            if self.bytes_as == "bytes":
+                self._maker.inner().gather_into_bytes()  # this process hands the bytes out: read into them
             if threads:
                 self._allow_threads(ahead=True)
         from shardfeed.loader.read_ahead import batches  # the next batch read on a thread where it may be
 
-        ahead = threads and getattr(self, "_read_ahead", False)
+        ahead = threads and self._read_ahead
         yield from batches(self._maker, feed, self._batch_key, self.pin_memory, self.bytes_as, ahead)
 
     def _allow_threads(self, ahead: bool = False) -> None:

@@ -63,6 +63,10 @@ class Mixture(_topology.Placed):
     epoch_steps and counts do not apply (loader/feeds/mixture_stream.py).
     """
 
+    # what the Loader asks a dataset, as ShardDataset declares it: a mixture's batches are made by
+    # one BatchMaker over its combined index, never through the node cache
+    cache = None
+
     def __init__(self, sources, weights=None, counts=None, epoch_samples: int | None = None,
                  epoch_steps: int | None = None, seed: int = 0,
                  shuffle: str = "global", decode: bool = True, transform: Callable | None = None,

@@ -50,17 +50,15 @@ def wanted(loader, maker) -> bool:
     if os.environ.get("SHARDFEED_READ_AHEAD", "").strip() == "0":
         return False
     return (type(maker) is BatchMaker and maker.transform is None and maker.collate_fn is None
-            and maker.cached is None and loader._cache is None and not getattr(loader.dataset, "follow", True)
+            and maker.cached is None and loader._cache is None and not loader.dataset.follow
             and threads_allowed() >= 2)
 
 
 def allow_split(maker) -> None:
     """Let ``maker``'s reader split a batch's gather over the threads allowed (split_gather.py)."""
-    reader = getattr(maker, "reader", None)
-    if hasattr(reader, "allow_threads"):
-        from shardfeed.formats.engine.split_gather import threads_allowed
+    from shardfeed.formats.engine.split_gather import threads_allowed
 
-        reader.allow_threads(threads_allowed())
+    maker.reader.allow_threads(threads_allowed())
 
 
 def batches(maker, feed, key_of, pin_memory: bool, bytes_as: str, ahead: bool):
@@ -72,12 +70,9 @@ def batches(maker, feed, key_of, pin_memory: bool, bytes_as: str, ahead: bool):
         return
     bufs = (Scratch(), Scratch())  # in turn: a view form's batch stays intact while the next is read
     turn = 0
-    hint = getattr(maker, "hint", None)
-
     def read(job):
         item, ids = job
-        if hint is not None:
-            hint(item.plan, item.start, item.stop)
+        maker.hint(item.plan, item.start, item.stop)
         set_batch(maker, key_of(item))
         t0 = time.perf_counter()
         got = maker.make(ids, item.image_size, alloc=bufs[turn].alloc)
@@ -138,10 +133,8 @@ class Pace:
 
 
 def _in_turn(maker, feed, key_of):
-    hint = getattr(maker, "hint", None)
     for item in feed:
-        if hint is not None:
-            hint(item.plan, item.start, item.stop)
+        maker.hint(item.plan, item.start, item.stop)
         set_batch(maker, key_of(item))
         cols, info = maker.make(item.ids(), item.image_size)
         yield item, cols, info

@@ -62,7 +62,7 @@ def _on_sigterm(_signum, _frame) -> None:
     raise _Terminated
 
 
-def _worker_main(wid: int, make_maker, tasks, results, prefix: str, slots: int, parent: int,
+def _worker_main(wid: int, make_maker: MakerFactory, tasks, results, prefix: str, slots: int, parent: int,
                  close_fds) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _on_sigterm)
@@ -72,7 +72,7 @@ def _worker_main(wid: int, make_maker, tasks, results, prefix: str, slots: int, 
         pass  # the main process stops us (or a Ctrl-C came before SIGINT was ignored): nothing to report
 
 
-def _serve(wid: int, make_maker, tasks, results, prefix: str, slots: int, parent: int, close_fds) -> None:
+def _serve(wid: int, make_maker: MakerFactory, tasks, results, prefix: str, slots: int, parent: int, close_fds) -> None:
     for c in close_fds:
         c.close()
     try:
@@ -83,9 +83,7 @@ def _serve(wid: int, make_maker, tasks, results, prefix: str, slots: int, parent
         pass
     maker = make_maker()
     in_worker(maker)
-    warm = getattr(make_maker, "warm", None)
-    if warm is not None:  # load jitted code now, in parallel with the other workers
-        warm(maker)
+    make_maker.warm(maker)  # load jitted code now, in parallel with the other workers
     writer = shm.SlotWriter(prefix, wid, slots)
     plan = None
     # one poll object for the worker's life: Connection.poll builds a selector
@@ -111,9 +109,7 @@ def _serve(wid: int, make_maker, tasks, results, prefix: str, slots: int, parent
             try:
                 set_batch(maker, key)
                 ids = plan.positions(start, stop)
-                hint = getattr(maker, "hint", None)
-                if hint is not None:
-                    hint(plan, start, stop)
+                maker.hint(plan, start, stop)
                 columns, info = maker.make(ids, image_size, alloc=writer.alloc(slot))
                 header = writer.pack(slot, columns)
                 out = ("ok", b, header, info)
@@ -133,7 +129,7 @@ def _serve(wid: int, make_maker, tasks, results, prefix: str, slots: int, parent
 class WorkerPool:
     """``num_workers`` named daemon processes with a task and a result pipe each."""
 
-    def __init__(self, num_workers: int, make_maker, slots: int, name: str = "shardfeed-loader", context=None):
+    def __init__(self, num_workers: int, make_maker: MakerFactory, slots: int, name: str = "shardfeed-loader", context=None):
         if context is None:
             context = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
         ctx = mp.get_context(context) if isinstance(context, str) else context
@@ -258,6 +254,7 @@ class WorkerPool:
 
     def _spawn_hint(self, code) -> str:
         main = sys.modules.get("__main__")
+        # __main__ (a foreign module) has no __file__ in an interactive session
         if code != 1 or self.start_method == "fork" or not getattr(main, "__file__", None):
             return ""
         # the usual cause: a spawned child imports the script again and starts a Loader of its own
@@ -316,11 +313,10 @@ class MakerFactory:
             from shardfeed.formats.engine.group_share import share_in_this_process
 
             share_in_this_process()
-        if getattr(self.dataset, "cache", None) is not None:  # sizes what each reader keeps pinned
+        if self.dataset.cache is not None:  # sizes what each reader keeps pinned
             return self.dataset.maker(self.collate_fn, readers=self.readers)
         maker = self.dataset.maker(self.collate_fn)
-        if hasattr(maker, "stride"):
-            maker.stride = self.readers  # a worker reads every num_workers-th batch
+        maker.stride = self.readers  # a worker reads every num_workers-th batch
         return maker
 
     def warm(self, maker) -> None:
@@ -329,7 +325,7 @@ class MakerFactory:
         loading them from numba's cache, and the batches of the worker that
         starts second wait behind that on the consumer's path."""
         maker.reader.warm()
-        if getattr(self.dataset, "follow", False):
+        if self.dataset.follow:
             return  # a stream has no fixed plan to warm
         plan = self.dataset.unbatched_plan()
         if plan.num_samples:

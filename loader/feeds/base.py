@@ -8,6 +8,7 @@ cache, streaming and mixing attach to the same seam:
     feed.next()            # -> WorkItem, or StopIteration at the end of the epoch
     feed.get_state()       # plain JSON data; reset(get_state()) continues exactly
     feed.lookahead(k)      # -> up to k Upcoming(shard, epoch, step), in order of next use
+    feed.near(steps, skip) # -> the sample ids of the next steps (knows_near; default: [])
 
 and, for the consumers: ``job / stage / batch_size(epoch)`` (the schedule's
 job), ``plan(...)``, ``steps(epoch, history)`` and ``len()``, ``set_epoch``
@@ -217,6 +218,16 @@ class Feed(ABC):
     def ready(self) -> bool:
         """Whether next() would return at once (a stream may wait for data)."""
         return True
+
+    # whether near() says which samples come next (an epoch feed's plans do; a stream's and a
+    # mixture's are not read as sample ranges): the cache's sample prefetch needs it
+    knows_near = False
+
+    def near(self, steps: int, skip: int = 0) -> list[tuple[int, int, int, np.ndarray]]:
+        """The samples of this rank's next ``steps`` steps after ``skip`` ones: a list of
+        ``(epoch, first step, batch size, sample ids)``, one per epoch touched. A feed
+        that does not know them (``knows_near`` False) says nothing: ``[]``."""
+        return []
 
     def padded(self, epoch: int | None = None) -> int:
         """Positions repeated as padding in ``epoch`` (over all ranks)."""

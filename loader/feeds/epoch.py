@@ -42,6 +42,7 @@ class EpochFeed(Feed):
     """
 
     kind = "epoch"
+    knows_near = True
 
     def __init__(self, spec: PlanSpec, schedule: BatchSchedule, rank: int, world_size: int,
                  ranks_per_node: int | None = None, fingerprint: dict | None = None, epoch: int = 0,

@@ -19,6 +19,7 @@ import numpy as np
 from shardfeed.formats.commit_log import INDEX_NAME, LOG_DIR, check_new_names, open_stream_index, read_commits
 from shardfeed.formats.errors import ShardError
 from shardfeed.loader.feeds import IDLE_TIMEOUT_S, POLL_S  # noqa: F401 - named here too, as before
+from shardfeed.loader.makers import Maker
 from shardfeed.loader.state import stream_identity
 from shardfeed.loader.state_checks import out_of_range
 
@@ -141,7 +142,7 @@ class StreamLog:
                 time.sleep(poll_s)
 
     def _last_error(self) -> str:
-        err = getattr(self.source, "last_error", None)
+        err = None if self.source is None else self.source.last_error
         return f"; the last poll of the source failed: {err}" if err else ""
 
     def seq_at(self, samples: int) -> int:
@@ -190,18 +191,25 @@ def check_stream_state(s: dict, log: StreamLog, drop_last: bool, per_of) -> None
                          f"consumed {want} samples there); the state was edited or belongs to other data")
 
 
-class RegrowMaker:
+class RegrowMaker(Maker):
     """A worker's BatchMaker over data that grows: an id past the index it knows
     (published after it was opened) makes it take the grown index (``regrow()``)
     and hand it to its reader first. Feeds deal only published ids, so one
     reread always finds them; ``missing`` formats the error if it does not."""
 
-    def __init__(self, maker, regrow: Callable, root: str, missing: str):
+    def __init__(self, maker: Maker, regrow: Callable, root: str, missing: str):
         self.maker, self.regrow, self.root, self.missing = maker, regrow, root, missing
 
     @property
     def reader(self):
         return self.maker.reader
+
+    @property
+    def cached(self):
+        return self.maker.cached
+
+    def inner(self) -> Maker:
+        return self.maker.inner()
 
     def make(self, ids, image_size=None, alloc=None):
         ids = np.asarray(ids, np.int64)
@@ -210,9 +218,8 @@ class RegrowMaker:
             if int(ids.max()) >= index.num_samples:
                 raise ShardError(self.root, self.missing.format(id=int(ids.max()), n=index.num_samples))
             self.maker.reader.update_index(index)
-            grow = getattr(getattr(self.maker, "cached", None), "update_index", None)
-            if grow is not None:  # a followed URL's reads through the cache resolve the new shards too
-                grow(index)
+            if self.cached is not None:  # a followed URL's reads through the cache resolve the new shards too
+                self.cached.update_index(index)
         return self.maker.make(ids, image_size, alloc)
 
     def close(self) -> None:
