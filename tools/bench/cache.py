@@ -97,6 +97,7 @@ def run_node(index, acc, url: str, cache_dir: str, limit: int, belady: bool, sam
 
 
 def run_config(index, root, work, fraction, plan, opts, policy, setup) -> dict:
+    from shardfeed.cache.disk_blocks import block_size, empty_cache_bytes, rounded
     from shardfeed.cache.simulate import block_window, plan_accesses, simulate
     from shardfeed.shuffling.spec import Job, PlanSpec
     from shardfeed.tools.bench.throttled_http import ThrottledServer
@@ -104,6 +105,10 @@ def run_config(index, root, work, fraction, plan, opts, policy, setup) -> dict:
     _, per_shard, sample_bytes, link = setup
     total = int(index.sizes.sum())
     limit = int(round(fraction * total))
+    # the real cache charges the disk's blocks (budget.py): its limit is the same share of the dataset as the
+    # disk holds it, plus the cache's own folders, so "100%" holds every shard there as it does in the simulator
+    block = block_size(work)
+    charged = int(round(fraction * sum(rounded(int(s), block) for s in index.sizes))) + empty_cache_bytes(block)
     job = Job(NODES * RANKS_PER_NODE, (BATCH,) * (NODES * RANKS_PER_NODE), RANKS_PER_NODE)
     order = plan.split("+")[0]
     opts = dict(opts)
@@ -125,7 +130,7 @@ def run_config(index, root, work, fraction, plan, opts, policy, setup) -> dict:
 
         def go(node=node, acc=acc, sim=sim, new_bytes=new_bytes, url=server.url, cdir=cdir):
             try:
-                r = run_node(index, acc, url, cdir, limit, policy == "belady", sample_bytes, CONSUMER * link)
+                r = run_node(index, acc, url, cdir, charged, policy == "belady", sample_bytes, CONSUMER * link)
                 results[node] = dict(r, sim=sim, new_bytes=new_bytes)
             except BaseException as e:  # noqa: BLE001 - reported by the caller, not lost in a thread
                 results[node] = {"error": f"{type(e).__name__}: {e}"}

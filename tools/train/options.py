@@ -11,7 +11,7 @@ import re
 
 from shardfeed.loader import BatchSchedule, Stage
 from shardfeed.tools.byte_sizes import size_option
-from shardfeed.tools.train import balancing, metrics
+from shardfeed.tools.train import balance_options, metrics
 
 ORDERS = ("none", "shard", "block", "global")
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
@@ -74,7 +74,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
            "`shardfeed audit CHECKPOINT.audit/*.json`")
     metrics.add_arguments(p)  # --tensorboard, --prometheus-port
     a("--trace", default=None, help="folder: each rank appends the keys of every batch it trains on (audits)")
-    balancing.add_arguments(p)
+    balance_options.add_arguments(p)
 
 
 def parse_batch(text: str, where: str = "--batch-size") -> int | tuple[int, ...]:
@@ -136,7 +136,7 @@ def check_options(args) -> None:
         if isinstance(stage.batch_size, tuple) and len(stage.batch_size) != world:
             raise ValueError(f"batch sizes {','.join(map(str, stage.batch_size))} name {len(stage.batch_size)} ranks "
                              f"but the job has {world}; give one batch size per rank (or one for all)")
-    balancing.check_arguments(args, world)
+    balance_options.check_arguments(args, world)
     if args.cache_limit is not None:
         if args.cache_dir is None:
             raise ValueError(f"--cache-limit {args.cache_limit} needs --cache-dir (where the cache lives)")
