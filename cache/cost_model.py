@@ -133,6 +133,8 @@ def rounded_blocks(nbytes: int) -> int:
 def rounded_blocks_array(nbytes):
     """``rounded_blocks`` of each of an int64 array."""
     return -(-nbytes // BLOCK) * BLOCK
+
+
 RANGE_MIN_SAMPLE_BYTES = BLOCK  # below this a sample's range costs more disk (its blocks) than its bytes
 
 
@@ -168,6 +170,6 @@ def range_working(sizes, counts, side_bytes: int, batch: int, readers: int, kept
     stride = int(np.max(np.where(counts > 0, -(-sizes // np.maximum(counts, 1)), 0)))
     per_step = min(batch, shards)
     ask = min(int(sizes.max()), (batch - per_step + 1) * stride)
-    content = min(readers * batch * range_blocks(stride), int(np.sum(-(-sizes // BLOCK) * BLOCK)))
+    content = min(readers * batch * range_blocks(stride), int(np.sum(rounded_blocks_array(sizes))))
     sidecars = min(shards, readers * (per_step + (0 if batch_only else kept_open))) * int(side_bytes)
     return int(content + sidecars + ask)

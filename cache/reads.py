@@ -78,9 +78,7 @@ def entry_bytes(index):
     import numpy as np
 
     from shardfeed.cache.cost_model import BLOCK
-
-    def blocks(a):  # the budget charges whole disk blocks (budget.py)
-        return -(-a // BLOCK) * BLOCK
+    from shardfeed.cache.cost_model import rounded_blocks_array as blocks  # the budget charges whole blocks
 
     sizes = np.asarray(index.sizes, np.int64)
     tars = np.array([f.startswith("tar") and i not in index.tables for i, f in enumerate(index.formats)], bool)
