@@ -82,9 +82,8 @@ class _ProxyHandler(BaseHTTPRequestHandler):
                 if not chunk:
                     break
                 srv.pace(len(chunk))
-                self.wfile.write(chunk)
+                srv.send_counted(self.wfile, chunk)
                 sent += len(chunk)
-            srv.count(sent)
         finally:
             up.close()
 

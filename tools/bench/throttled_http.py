@@ -79,9 +79,8 @@ class _Handler(BaseHTTPRequestHandler):
                 while pos < end:
                     data = os.pread(f.fileno(), min(_CHUNK, end - pos), pos)
                     self.server.pace(len(data))
-                    self.wfile.write(data)
+                    self.server.send_counted(self.wfile, data)
                     pos += len(data)
-            self.server.count(end - start)
         finally:
             self.server.began(-1)
 
@@ -197,6 +196,16 @@ class ThrottledServer(ThreadingHTTPServer):
     def count(self, n: int) -> None:
         with self._mu:
             self.bytes_sent += n
+
+    def send_counted(self, wfile, data: bytes) -> None:
+        """Write ``data`` to a client, counted before the write: a client that has read every byte of a
+        reply must find every byte counted (counting after the last write raced the client's read)."""
+        self.count(len(data))
+        try:
+            wfile.write(data)
+        except BaseException:
+            self.count(-len(data))
+            raise
 
     def __enter__(self):
         self._thread.start()
