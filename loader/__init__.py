@@ -9,7 +9,7 @@ from shardfeed.formats.lazy import exports
 
 if TYPE_CHECKING:  # what the names are, for type checkers; at run time each is imported on first use
     from shardfeed.loader.dataset import ShardDataset
-    from shardfeed.loader.errors import WorkerError
+    from shardfeed.loader.error_policy import WorkerError
     from shardfeed.loader.loader import Loader
     from shardfeed.loader.mixture import Mixture
     from shardfeed.loader.schedule import BatchSchedule, Stage
@@ -17,7 +17,7 @@ if TYPE_CHECKING:  # what the names are, for type checkers; at run time each is 
 # public name -> the submodule that defines it (formats/lazy.py: nothing is imported until asked for)
 _EXPORTS = {
     "ShardDataset": "dataset",
-    "WorkerError": "errors",
+    "WorkerError": "error_policy",
     "Loader": "loader",
     "Mixture": "mixture",
     "BatchSchedule": "schedule",

@@ -25,7 +25,7 @@ from shardfeed.loader import heap
 from shardfeed.loader.batch_seeds import generator, seeded
 from shardfeed.loader.bytes_column import BytesList
 from shardfeed.loader.collate import Blob, Strs, collate_column, default_collate, gathered_column
-from shardfeed.loader.errors import ErrorPolicy
+from shardfeed.loader.error_policy import ErrorPolicy
 from shardfeed.loader.makers import Maker
 from shardfeed.loader.scratch import Scratch
 

@@ -23,9 +23,9 @@ from shardfeed.formats.engine.read_modes import check_read_mode
 from shardfeed.formats.errors import ReadError
 from shardfeed.formats.index import INDEX_NAME, LOG_DIR, DatasetIndex
 from shardfeed.formats.lazy import gc_paused
+from shardfeed.loader import placement as _placement
 from shardfeed.loader import state as _state
-from shardfeed.loader import topology as _topology
-from shardfeed.loader.errors import ErrorPolicy
+from shardfeed.loader.error_policy import ErrorPolicy
 from shardfeed.loader.feeds import IDLE_TIMEOUT_S, POLL_S
 from shardfeed.loader.feeds.epoch import EpochFeed
 from shardfeed.loader.schedule import BatchSchedule
@@ -44,7 +44,7 @@ _BLOCK = 64  # positions per block when a torch DataLoader's workers split a pla
 _FOLLOW_STEP = 8
 
 
-class ShardDataset(_topology.Placed, torch.utils.data.IterableDataset):
+class ShardDataset(_placement.Placed, torch.utils.data.IterableDataset):
     """Samples ``{"__key__": str, FIELD: value}`` of this rank's share of an epoch.
 
     source: a dataset folder, a ``.tar`` file or a ``file://`` URL. shuffle:
@@ -154,7 +154,7 @@ class ShardDataset(_topology.Placed, torch.utils.data.IterableDataset):
         self.drop_last = bool(drop_last)
         self.on_error = on_error
         self.policy = ErrorPolicy(on_error)
-        self.topology = _topology.detect(rank, world_size)
+        self.topology = _placement.detect(rank, world_size)
         self.follow = bool(follow)
         self.poll_s, self.idle_timeout_s = poll_s, idle_timeout_s
         self.replay, self.window = replay, window
@@ -182,7 +182,7 @@ class ShardDataset(_topology.Placed, torch.utils.data.IterableDataset):
                                  "node-local cache (only a URL is followed through it); drop "
                                  "cache_dir/cache_limit_bytes or follow=True")
             from shardfeed.loader.caching import open_cached
-            from shardfeed.loader.errors import with_credentials_hint
+            from shardfeed.loader.error_policy import with_credentials_hint
 
             try:
                 self.cache, self.index = open_cached(source, cache_dir, cache_limit_bytes, storage_options)

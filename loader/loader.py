@@ -117,7 +117,7 @@ class Loader:
             self._stats.sample_bytes = int(index.num_bytes) / max(1, int(index.num_samples))
         self._closed = False
         self._gen = 0  # iteration generation: an older iterator stops when a new one starts
-        self._rebalances, self._balance_log = 0, None  # rebalances and their log (balance.py)
+        self._rebalances, self._balance_log = 0, None  # rebalances and their log (balancer.py)
         # audit=True records what this rank delivered, a bit per sample (audit.py)
         self._audit = None
         if audit:
@@ -185,7 +185,7 @@ class Loader:
             st.errors_skipped += self.policy.left_out  # shards or samples left out when the index was made
         st.started = time.perf_counter()
         try:
-            from shardfeed.loader.balance import redealt  # made again from the consumer's step on a rebalance
+            from shardfeed.loader.balancer import redealt  # made again from the consumer's step on a rebalance
 
             source = redealt(self, feed, self._source)
             resumed = time.perf_counter()
@@ -313,12 +313,12 @@ class Loader:
         """Pids of the running worker processes (empty before the first iteration)."""
         return self._pool.pids() if self._pool is not None else []
 
-    # -- per-rank batch sizes mid-run (balance.py) ------------------------
+    # -- per-rank batch sizes mid-run (balancer.py) ------------------------
     def rebalance(self, batch_sizes, why: dict | None = None) -> None:
         """Per-rank batch sizes from the next batch on: every rank passes the same list after the same
         number of batches (None: the schedule's again); the rest of the epoch is dealt again as an
         elastic resume deals it (balance.rebalance). ``why``: JSON data kept in stats()["balance"] and the state."""
-        from shardfeed.loader.balance import rebalance
+        from shardfeed.loader.balancer import rebalance
 
         rebalance(self, batch_sizes, why)
 
@@ -342,7 +342,7 @@ class Loader:
         self._gen += 1  # any live iterator of the old position stops
         self.feed.reset(_state.feed_state(state))
         if "balance" in state or self._balance_log:
-            from shardfeed.loader.balance import BalanceLog
+            from shardfeed.loader.balancer import BalanceLog
 
             self._balance_log = BalanceLog.of(state)
         self._pos = self.feed.get_state()

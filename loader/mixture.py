@@ -7,7 +7,7 @@ number of samples from each source (largest-remainder apportionment of
 with fewer samples than its count and sub-samples one with more (each source
 walks its own permutation over its own epochs, so nothing repeats before
 every sample came once), and interleaves the sources evenly in every batch.
-How positions become samples is in shuffling/mixture_plans.py and loader/feeds/mixture.py.
+How positions become samples is in shuffling/mixture_plans.py and loader/feeds/mixture_epochs.py.
 
 Curriculum: ``weights`` (or ``counts``) may change by epoch: a callable
 ``epoch -> list``, or a list of stages ``[(epochs, list), ...]`` where the last
@@ -31,20 +31,20 @@ from collections.abc import Callable
 import numpy as np
 
 from shardfeed.formats.index import DatasetIndex
+from shardfeed.loader import placement as _placement
 from shardfeed.loader import state as _state
-from shardfeed.loader import topology as _topology
 from shardfeed.loader.batcher import BatchMaker
 from shardfeed.loader.dataset import ShardDataset
-from shardfeed.loader.errors import ErrorPolicy
+from shardfeed.loader.error_policy import ErrorPolicy
 from shardfeed.loader.feeds.combined_index import combined_index
-from shardfeed.loader.feeds.mixture import MixtureFeed
+from shardfeed.loader.feeds.mixture_epochs import MixtureFeed
 from shardfeed.loader.feeds.mixture_stream import MixtureStreamFeed
 from shardfeed.loader.feeds.stream_log import RegrowMaker
 from shardfeed.loader.schedule import BatchSchedule
 from shardfeed.shuffling.mixture_counts import MixtureCounts, stages
 
 
-class Mixture(_topology.Placed):
+class Mixture(_placement.Placed):
     """Several datasets mixed with exact per-epoch counts (see the module docstring).
 
     sources: paths / URLs or ShardDataset objects. weights: one number >= 0
@@ -128,7 +128,7 @@ class Mixture(_topology.Placed):
         self.on_error = on_error
         self.policy = ErrorPolicy(on_error)
         self.policy.left_out = sum(s.policy.left_out for s in self.sources)  # logged by each source already
-        self.topology = _topology.detect(rank, world_size)
+        self.topology = _placement.detect(rank, world_size)
         self.follow = self.stream is not None
         self.epoch = 0
         self.image_size: int | None = None

@@ -47,7 +47,7 @@ import xxhash
 from shardfeed.formats import ShardError, decode_field, open_shard
 from shardfeed.formats.errors import ReadError
 from shardfeed.formats.readers import TarShardReader, shard_keys
-from shardfeed.loader.errors import ErrorPolicy
+from shardfeed.loader.error_policy import ErrorPolicy
 
 MAX_OPEN_SHARDS = 32  # each open tar shard is a mapping (a compressed one: its inflated bytes)
 

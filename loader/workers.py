@@ -41,7 +41,7 @@ from multiprocessing.connection import wait
 from shardfeed.formats import ShardError
 from shardfeed.loader import shm
 from shardfeed.loader.batch_seeds import in_worker, set_batch
-from shardfeed.loader.errors import WorkerError
+from shardfeed.loader.error_policy import WorkerError
 
 _PARENT_CHECK_S = 1.0
 

@@ -28,7 +28,7 @@ import argparse
 import numpy as np
 
 from shardfeed.loader import audit as _audit
-from shardfeed.loader import audit_records as _records
+from shardfeed.loader import audit_checks as _records
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -21,8 +21,8 @@ It carries the feed's state *after* it, so a consumer that received items
 ahead of use (prefetch) saves the position of what it actually delivered.
 
 Feeds: epoch.py (the epochs of a fixed dataset), follow.py (a growing one),
-mixture.py (sources mixed with exact counts), mixture_stream.py (fixed
-sources mixed with a growing one); stream.py holds what the two streams share.
+mixture_epochs.py (sources mixed with exact counts), mixture_stream.py (fixed
+sources mixed with a growing one); stream_feed.py holds what the two streams share.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """FollowFeed: this rank's steps over a dataset that grows while it is read.
 
-A StreamFeed (stream.py: waiting, the end, the job's position) over one
+A StreamFeed (stream_feed.py: waiting, the end, the job's position) over one
 growing dataset. Delivery is a pure function of the commit log's prefix, so
 ranks agree without messages:
 
@@ -49,7 +49,7 @@ from __future__ import annotations
 import numpy as np
 
 from shardfeed.loader.feeds.base import AuditSources, WorkItem
-from shardfeed.loader.feeds.stream import StreamFeed
+from shardfeed.loader.feeds.stream_feed import StreamFeed
 from shardfeed.loader.feeds.stream_log import IDLE_TIMEOUT_S, POLL_S, check_stream_state
 from shardfeed.loader.schedule import BatchSchedule
 from shardfeed.loader.state_checks import VERSION as STATE_VERSION

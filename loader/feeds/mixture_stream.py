@@ -37,7 +37,7 @@ from __future__ import annotations
 import numpy as np
 
 from shardfeed.loader.feeds.base import AuditSources, WorkItem
-from shardfeed.loader.feeds.stream import StreamFeed
+from shardfeed.loader.feeds.stream_feed import StreamFeed
 from shardfeed.loader.feeds.stream_log import check_stream_state
 from shardfeed.loader.schedule import BatchSchedule
 from shardfeed.loader.state_checks import VERSION as STATE_VERSION

@@ -16,7 +16,7 @@ from shardfeed.formats.engine.open_shards import INITIAL_SLOTS, OpenShards
 from shardfeed.formats.errors import ReadError
 from shardfeed.formats.key_blob import Keys
 from shardfeed.formats.sidecar import SIDECAR_SUFFIX, read_sidecar, write_sidecar
-from shardfeed.loader.errors import ErrorPolicy
+from shardfeed.loader.error_policy import ErrorPolicy
 
 
 def _is_open(view) -> bool:

@@ -1,4 +1,4 @@
-"""RandomResizedCropFlip (loader/images.py): without draft its output is exactly the reference (full
+"""RandomResizedCropFlip (loader/image_crops.py): without draft its output is exactly the reference (full
 decode, crop, bilinear resize, flip: what torchvision does, in PIL); with draft it stays within a small
 mean difference of the reference at the low-res stages; crops are seeded per batch by the Loader."""
 
@@ -13,7 +13,7 @@ from PIL import Image
 
 from shardfeed.formats import ShardWriter
 from shardfeed.loader import BatchSchedule, Loader, ShardDataset, Stage
-from shardfeed.loader.images import RandomResizedCropFlip, crop_box, reference
+from shardfeed.loader.image_crops import RandomResizedCropFlip, crop_box, reference
 
 
 def _photo(seed: int, w: int = 500, h: int = 375) -> bytes:

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from shardfeed.loader import Loader, ShardDataset
-from shardfeed.loader.balance import Balancer
+from shardfeed.loader.balancer import Balancer
 
 N = 600
 

@@ -1,4 +1,4 @@
-"""Token windows (loader/tokens.py): each window a sample, equal to its slice of the concatenated stream,
+"""Token windows (loader/token_windows.py): each window a sample, equal to its slice of the concatenated stream,
 through 0 and 2 workers under global shuffle and across a resume; bad tokens are refused."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from shardfeed.loader import Loader, ShardDataset
-from shardfeed.loader.tokens import field_name, window_ids, write_token_windows
+from shardfeed.loader.token_windows import field_name, window_ids, write_token_windows
 
 WINDOW = 64
 

@@ -19,7 +19,7 @@ from shardfeed.formats import ShardWriter
 
 # never needed to import the package or to read local tar shards
 NEVER = ("numba", "pyarrow.parquet", "fsspec", "matplotlib", "pandas", "zstandard", "PIL", "tqdm",
-         "shardfeed.loader.mixture", "shardfeed.loader.mixture_feed", "shardfeed.formats.writer",
+         "shardfeed.loader.mixture", "shardfeed.loader.feeds.mixture_epochs", "shardfeed.formats.writer",
          "shardfeed.cache.store", "shardfeed.tools")
 
 

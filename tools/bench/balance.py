@@ -74,7 +74,7 @@ def _run(rank: int, sizes, slow: dict, steps: int, warmup: int, args, root: str,
     import torch.nn.functional as F
 
     from shardfeed.loader import Loader, ShardDataset
-    from shardfeed.loader.balance import Balancer
+    from shardfeed.loader.balancer import Balancer
     from shardfeed.loader.step_timer import ComputeTimer
     from shardfeed.tools.train.balancing import SlowRank
 

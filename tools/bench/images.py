@@ -8,7 +8,7 @@ scikit-image is installed; ``pip download --no-deps scikit-image`` and unzipping
 the same without installing it), cut and resized to 500x375 (ImageNet's typical size) at random and
 re-encoded as JPEG quality 90, one sample each, 1,000 classes.
 
-Variants (each the same transform, loader/images.py RandomResizedCropFlip, batch 64), in one of three modes:
+Variants (each the same transform, loader/image_crops.py RandomResizedCropFlip, batch 64), in one of three modes:
 *exact* (``draft=False, resize="pil"``: torchvision's computation, pixel for pixel), *draft* (pillow's
 reduced-size decoding where the crop allows, pillow's resize) and *fast* (the default: draft, and torch's
 antialiased uint8 resize of a crop decoded at full size):
@@ -139,7 +139,7 @@ MODES = {"exact": {"draft": False, "resize": "pil"}, "draft": {"draft": True, "r
 
 
 def _batches(variant: str, where: dict, size: int, mode: str, workers: int):
-    from shardfeed.loader.images import RandomResizedCropFlip
+    from shardfeed.loader.image_crops import RandomResizedCropFlip
     t = RandomResizedCropFlip(size, **MODES[mode])
     if variant == "shardfeed":
         from shardfeed.loader import Loader, ShardDataset

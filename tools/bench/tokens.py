@@ -1,5 +1,5 @@
 """`shardfeed bench tokens`: the LLM pre-training read: fixed windows of a pre-tokenized uint16 (or uint32) stream
-under global shuffle, shardfeed's token windows (loader/tokens.py) against a Megatron-style memory-mapped
+under global shuffle, shardfeed's token windows (loader/token_windows.py) against a Megatron-style memory-mapped
 ``.bin``/``.idx`` loop, in tokens/s and as a share of this machine's memory bandwidth.
 
     shardfeed bench tokens [--tokens 33554432] [--window 2048] [--batch-size 32] [--workers 0,2]
@@ -80,7 +80,7 @@ class MegatronStyle:
 
 
 def _write(folder: str, tokens: np.ndarray, window: int) -> dict:
-    from shardfeed.loader.tokens import write_token_windows
+    from shardfeed.loader.token_windows import write_token_windows
 
     sf = os.path.join(folder, "shardfeed")
     if not os.path.exists(os.path.join(sf, "index.arrow")):

@@ -46,7 +46,7 @@ class BalanceHooks(Hooks):
     """The trainer's hooks plus a Balancer stepped after every training step."""
 
     def __init__(self, inner: Hooks, loader, model, rank: int, every: int, timer):
-        from shardfeed.loader.balance import Balancer
+        from shardfeed.loader.balancer import Balancer
 
         self.inner, self.loader, self.rank, self.timer = inner, loader, rank, timer
         self.balancer = Balancer(loader, every=every)

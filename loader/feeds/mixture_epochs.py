@@ -4,7 +4,7 @@ The contract of base.Feed; the arithmetic (interleave, MixturePlan) is in
 shuffling/mixture_plans.py, the counts in shuffling/mixture_counts.py. Everything is a pure function of (sources, counts, seed, epoch,
 job), so ranks agree without messages and resume is exact:
 
-- Epoch ``e`` takes ``counts[i]`` samples of source ``i`` (mixture.py
+- Epoch ``e`` takes ``counts[i]`` samples of source ``i`` (loader/mixture.py
   apportions them). Source ``i`` is read as an endless stream: its own
   permutation of source-epoch 0, then of source-epoch 1, ... (the source's
   PlanSpec at world size 1); mixture epoch ``e`` takes the stream's

@@ -1,5 +1,5 @@
-"""What a followed stream's feeds share: global batches formed as samples are
-published, the end of the stream, waiting, and the job's position.
+"""StreamFeed: what a followed stream's feeds share: global batches formed as samples
+are published, the end of the stream, waiting, and the job's position.
 
 Delivery is a pure function of the commit log's prefix, so ranks agree
 without messages. Full global batch ``g`` of the job that starts at stream
