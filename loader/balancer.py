@@ -8,7 +8,7 @@ data), and every ``every`` steps gathers every rank's measurements with one
 small collective (``torch.distributed.all_gather_object`` when a process
 group is initialised, or any ``gather`` callable: a list of every rank's
 object, in rank order). Every rank then computes the same proposal
-(``shuffling.balance.propose_batch_sizes``: a cost model ``t = a*b + c``
+(``shuffling.balance_proposal.propose_batch_sizes``: a cost model ``t = a*b + c``
 fitted per rank, the global batch kept, per-rank limits, a rounding rule,
 hysteresis) and, when it changes the sizes, calls ``Loader.rebalance`` at
 the same step. A stage change of the schedule (another image or global
@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from shardfeed.shuffling.balance import DEFAULT_THRESHOLD, propose_batch_sizes, recent_points
+from shardfeed.shuffling.balance_proposal import DEFAULT_THRESHOLD, propose_batch_sizes, recent_points
 
 LOG_ENTRIES = 16  # rebalances a Loader keeps (stats and state): enough to see a trend, bounded in size
 INTERVALS = 8  # intervals of measurements a Balancer keeps per rank (recent_points picks among them)

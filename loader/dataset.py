@@ -31,7 +31,7 @@ from shardfeed.loader.feeds.epoch import EpochFeed
 from shardfeed.loader.schedule import BatchSchedule
 from shardfeed.shuffling import Order
 from shardfeed.shuffling.spec import Job, PlanSpec
-from shardfeed.shuffling.workers import steps_of
+from shardfeed.shuffling.worker_split import steps_of
 
 if TYPE_CHECKING:  # the read path and a followed stream's feed, imported when used (issue #24)
     from shardfeed.loader.batcher import BatchMaker

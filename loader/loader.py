@@ -33,7 +33,7 @@ from shardfeed.loader.dataset import ShardDataset
 from shardfeed.loader.schedule import BatchSchedule, Stage
 from shardfeed.loader.stats import LoaderStats
 from shardfeed.loader.views import check_bytes_as
-from shardfeed.shuffling.workers import worker_of
+from shardfeed.shuffling.worker_split import worker_of
 
 if TYPE_CHECKING:  # the worker processes' module (multiprocessing, pipes, shm): imported when workers start
     from shardfeed.loader.workers import WorkerPool

@@ -37,7 +37,7 @@ from shardfeed.shuffling.sequences import (
     strided_global_ids,
 )
 from shardfeed.shuffling.topology import Topology
-from shardfeed.shuffling.workers import steps_of
+from shardfeed.shuffling.worker_split import steps_of
 
 DEFAULT_BLOCK_SHARDS = 16
 DEFAULT_BUFFER_SIZE = 10_000

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardfeed.shuffling.balance import fit_rank, propose_batch_sizes, recent_points
+from shardfeed.shuffling.balance_proposal import fit_rank, propose_batch_sizes, recent_points
 
 PROPS = settings(max_examples=150, deadline=None, derandomize=True)
 

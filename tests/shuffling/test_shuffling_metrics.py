@@ -3,7 +3,7 @@
 import numpy as np
 
 from shardfeed.shuffling import Topology, make_plan
-from shardfeed.shuffling.metrics import batch_entropy, plan_quality, residency, spearman
+from shardfeed.shuffling.plan_quality import batch_entropy, plan_quality, residency, spearman
 
 COUNTS = np.full(20, 500, dtype=np.int64)
 LABELS = np.arange(10_000) // 250  # 40 classes written in order: the worst case

@@ -76,7 +76,7 @@ def ideal_classes(class_sizes, batch: int) -> float:
 def measure(order, batch_sizes, spec: ClassOrderedSpec, batch: int) -> dict:
     """Quality figures of one pass: ``order`` is the keys (written positions)
     in read order, ``batch_sizes`` how the library cut them into batches."""
-    from shardfeed.shuffling.metrics import distinct_per_row, spearman
+    from shardfeed.shuffling.plan_quality import distinct_per_row, spearman
 
     keys = np.asarray(order, dtype=np.int64)
     n = spec.count

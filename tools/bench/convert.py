@@ -96,7 +96,7 @@ def throughput(tmp: str, quick: bool, ray: bool) -> list[dict]:
 
 def quality(seeds: int = 2) -> dict:
     from shardfeed.shuffling import Topology, make_plan
-    from shardfeed.shuffling.metrics import perfect_entropy, plan_quality
+    from shardfeed.shuffling.plan_quality import perfect_entropy, plan_quality
     from shardfeed.tools.bench.shuffle import BATCH, NUM_CLASSES, class_ordered_labels
     from shardfeed.tools.convert.order import OutputOrder
 

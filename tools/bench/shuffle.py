@@ -2,7 +2,7 @@
 
 Quality: a dataset written in class order (the worst case: 100 classes,
 100,000 samples, 50 shards of 2,000, batch 256, as in PEERS.md), each order
-measured by shardfeed.shuffling.metrics on 1 and 8 ranks, mean of two
+measured by shardfeed.shuffling.plan_quality on 1 and 8 ranks, mean of two
 seeds. A sweep of window and buffer sizes gives the plot of quality
 against shards resident per rank. Locality: the share of samples read from
 a node that does not own their shard, plain round-robin dealing against
@@ -24,7 +24,7 @@ import tracemalloc
 import numpy as np
 
 from shardfeed.shuffling import Permutation, Topology, make_plan
-from shardfeed.shuffling.metrics import perfect_entropy, plan_quality
+from shardfeed.shuffling.plan_quality import perfect_entropy, plan_quality
 from shardfeed.tools.text import show_progress
 
 NUM_CLASSES, NUM_SHARDS, SHARD_SAMPLES, BATCH = 100, 50, 2_000, 256

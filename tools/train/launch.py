@@ -5,7 +5,7 @@ outlive its launcher: a launcher killed by SIGKILL (an OOM killer, a job
 scheduler's hard stop) cannot tell anyone, so each rank asks the kernel to
 SIGKILL it when its parent dies (Linux ``PR_SET_PDEATHSIG``) and, for other
 systems and for the race before that call, watches ``os.getppid()`` from a
-thread. A rank's loader workers watch the rank the same way (workers.py).
+thread. A rank's loader workers watch the rank the same way (loader/workers.py).
 The signal is asked for at exec, before the rank imports anything: a rank
 is started through a few-line bootstrap (``BOOT``, the spawn executable while
 ranks start) that sets it and then execs Python as spawn meant; set only in
