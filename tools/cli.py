@@ -15,16 +15,16 @@ from shardfeed.tools.text import HelpFormatter
 
 # name -> (module, one-line help)
 COMMANDS = {
-    "convert": ("shardfeed.tools.convert.command", "convert images/JSONL/CSV/Parquet/tars into shards"),
+    "convert": ("shardfeed.tools.convert.convert_cmd", "convert images/JSONL/CSV/Parquet/tars into shards"),
     "reshard": ("shardfeed.tools.reshard", "change shard size or format (tar <-> Parquet/Arrow) without decoding"),
     "inspect": ("shardfeed.tools.inspect_cmd", "show counts, sizes, fields and a few samples"),
     "verify": ("shardfeed.tools.verify", "check every hash and offset of a dataset"),
-    "plan": ("shardfeed.tools.plan", "bytes a node's cache fetches per epoch for each shuffle order"),
+    "plan": ("shardfeed.tools.plan_cmd", "bytes a node's cache fetches per epoch for each shuffle order"),
     "bench": ("shardfeed.tools.bench.command", "throughput and quality benchmarks"),
     "ingest": ("shardfeed.tools.ingest", "append samples to a live dataset, publishing each shard as it fills"),
     "compact": ("shardfeed.tools.compact", "fold a growing dataset's commit log into index.arrow while readers follow"),
-    "audit": ("shardfeed.tools.audit", "merge ranks' delivery records; report missed, repeated, padded samples"),
-    "train": ("shardfeed.tools.train.command", "the reference DDP trainer on local CPU ranks or under torchrun"),
+    "audit": ("shardfeed.tools.audit_cmd", "merge ranks' delivery records; report missed, repeated, padded samples"),
+    "train": ("shardfeed.tools.train.train_cmd", "the reference DDP trainer on local CPU ranks or under torchrun"),
     "demo": ("shardfeed.tools.train.demo", "build a small dataset, shard it and read it back"),
     "warm": ("shardfeed.tools.warm", "compile the kernels once, so fresh processes start fast"),
 }
@@ -56,8 +56,8 @@ def bad_number(args: argparse.Namespace) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from shardfeed.tools.byte_sizes import join_negative_values
     from shardfeed.tools.extras import MissingExtra
+    from shardfeed.tools.size_options import join_negative_values
 
     argv = join_negative_values(sys.argv[1:] if argv is None else list(argv))
     args = build_parser(argv).parse_args(argv)

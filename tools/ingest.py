@@ -35,7 +35,7 @@ import sys
 import threading
 import time
 
-from shardfeed.tools.byte_sizes import human_bytes, parse_size
+from shardfeed.tools.size_options import human_bytes, parse_size
 from shardfeed.tools.text import plural, show_progress
 
 BATCH = 256  # samples read from a source at a time
@@ -161,7 +161,7 @@ def _write_all(batches, source, writer, bar, key_prefix: str) -> None:
 
 
 def _new_files(folder: str, seen: set) -> list[str]:
-    from shardfeed.tools.convert.sources import kind_of_file
+    from shardfeed.tools.convert.source_kinds import kind_of_file
 
     names = sorted(n for n in os.listdir(folder) if not n.startswith(".") and n not in seen
                    and kind_of_file(n) is not None and os.path.isfile(os.path.join(folder, n)))
@@ -171,7 +171,7 @@ def _new_files(folder: str, seen: set) -> list[str]:
 def run(args, writer, bar) -> int:
     """Ingest SRC (and, with --follow-src, what lands in it later); returns the sample count."""
     from shardfeed.tools.convert.field_map import parse_field_specs
-    from shardfeed.tools.convert.sources import open_source
+    from shardfeed.tools.convert.source_kinds import open_source
 
     specs = parse_field_specs(args.field)
     if not args.follow_src:

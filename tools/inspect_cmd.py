@@ -21,7 +21,7 @@ from collections import Counter
 
 import numpy as np
 
-from shardfeed.tools.byte_sizes import human_bytes
+from shardfeed.tools.size_options import human_bytes
 from shardfeed.tools.verify import add_cache_arguments, open_dataset
 
 PREVIEW_CHARS = 60

@@ -28,14 +28,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args) -> int:
-    from shardfeed.tools.convert import command
+    from shardfeed.tools.convert import convert_cmd
 
     ns = argparse.Namespace(**vars(args))
     for name, value in (("source_type", None), ("shuffle_seed", None), ("shuffle_mode", "auto"), ("part", None),
                         ("merge", False), ("engine", "local"), ("address", None), ("field", None),
                         ("key_column", None), ("image_field", None), ("more_parts", [])):
         setattr(ns, name, value)
-    from shardfeed.tools.convert.sources import resolve_inputs
+    from shardfeed.tools.convert.source_kinds import resolve_inputs
 
     try:
         kind, _ = resolve_inputs(args.src)
@@ -46,4 +46,4 @@ def main(args) -> int:
         print(f"shardfeed reshard: error: {args.src} holds {kind} input, not shards; use `shardfeed convert`",
               file=sys.stderr)
         return 2
-    return command.main(ns)
+    return convert_cmd.main(ns)

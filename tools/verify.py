@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from shardfeed.tools.byte_sizes import human_bytes
+from shardfeed.tools.size_options import human_bytes
 from shardfeed.tools.text import plural
 
 _SHARD_SUFFIXES = (".tar", ".tgz", ".tar.gz", ".tar.zst", ".parquet", ".arrow")
@@ -43,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_cache_arguments(p: argparse.ArgumentParser) -> None:
-    from shardfeed.tools.byte_sizes import size_option
+    from shardfeed.tools.size_options import size_option
 
     p.add_argument("--cache-dir", default=None, metavar="DIR",
                    help="node-local cache for a URL DST ($SHARDFEED_CACHE_DIR, else <tmp>/shardfeed-cache-<uid>)")

@@ -145,15 +145,15 @@ def _plan(url, cache_dir, limit, world) -> float:
     import io
     import json
 
-    from shardfeed.tools import plan
+    from shardfeed.tools import plan_cmd
 
     p = argparse.ArgumentParser()
-    plan.add_arguments(p)
+    plan_cmd.add_arguments(p)
     args = p.parse_args([url, "--cache-limit", str(limit), "--world-size", str(world), "--batch-size", str(BATCH),
                          "--epochs", "3", "--seed", "5", "--json", "--cache-dir", str(cache_dir)])
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        assert plan.main(args) == 0
+        assert plan_cmd.main(args) == 0
     row, = [r for r in json.loads(out.getvalue())["rows"] if r["order"] == "global" and r["policy"] == "shardfeed"]
     return float(np.mean(row["epochs"][1:]))
 

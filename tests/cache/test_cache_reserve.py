@@ -1,5 +1,5 @@
 """The room a ranged cache keeps for sample ranges (cache/cost_model.py, cache/ranged_reads.py)
-and what `shardfeed plan` assumes of it (tools/plan.py, cache/simulate.py): the plan's
+and what `shardfeed plan` assumes of it (tools/plan_cmd.py, cache/simulate.py): the plan's
 reserve is the policy's own for every ranks x workers layout; a prefetch never evicts a
 partial copy the plan reads (its sidecar would be fetched again); the simulator admits a
 shard into the reserve beyond the worst case exactly when the cost model would."""
@@ -19,7 +19,7 @@ from shardfeed.cache.disk_blocks import empty_cache_bytes
 from shardfeed.cache.ranged_reads import RangePolicy
 from shardfeed.cache.simulate import Accesses, simulate_ranged
 from shardfeed.formats import ShardWriter, open_index
-from shardfeed.tools.plan import _side_bytes, ranged_reserve
+from shardfeed.tools.plan_cmd import _side_bytes, ranged_reserve
 
 
 @pytest.fixture(scope="module")

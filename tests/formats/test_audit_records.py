@@ -96,7 +96,7 @@ CHILD = textwrap.dedent("""
     import resource, sys
     resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[1]), int(sys.argv[1])))
     from shardfeed.tools.cli import main
-    import shardfeed.tools.audit
+    import shardfeed.tools.audit_cmd
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     rc = main(["audit", *sys.argv[2:]])
     grew = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024

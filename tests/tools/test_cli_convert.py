@@ -19,8 +19,8 @@ import webdataset as wds
 from PIL import Image
 
 from shardfeed.formats import codec_of, decode_field, open_index, open_shard
-from shardfeed.tools.byte_sizes import parse_size
 from shardfeed.tools.cli import main
+from shardfeed.tools.size_options import parse_size
 
 WDS_TESTDATA = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "wds-testdata")
 
@@ -266,10 +266,10 @@ def test_parse_size(text, value):
 
 def test_ctrl_c_mid_conversion_publishes_nothing(image_folder, tmp_path, monkeypatch, capsys):
     """KeyboardInterrupt after two shards were written: exit 130, no DST, no stage or temp files."""
-    from shardfeed.tools.convert import sources
+    from shardfeed.tools.convert import source_kinds
 
     src, _ = image_folder
-    real = sources.ImageFolderSource.load_many
+    real = source_kinds.ImageFolderSource.load_many
     calls = []
 
     def interrupted(self, ids):
@@ -278,7 +278,7 @@ def test_ctrl_c_mid_conversion_publishes_nothing(image_folder, tmp_path, monkeyp
             raise KeyboardInterrupt
         return real(self, ids)
 
-    monkeypatch.setattr(sources.ImageFolderSource, "load_many", interrupted)
+    monkeypatch.setattr(source_kinds.ImageFolderSource, "load_many", interrupted)
     monkeypatch.setattr("shardfeed.tools.convert.job.BATCH", 4)
     assert run(src, tmp_path / "out", "--max-shard-samples", 3) == 130
     assert "interrupted" in capsys.readouterr().err
@@ -373,7 +373,7 @@ def test_overwrite_replaces_empty_folder_and_dataset(tmp_path):
 def test_signal_during_publish_is_deferred(tmp_path):
     """An interrupt between moving the old dataset aside and renaming the stage would leave no DST."""
     from shardfeed.formats.staging import SignalsHeld as _SignalsHeld
-    from shardfeed.tools.convert.command import _stop_on_signals
+    from shardfeed.tools.convert.convert_cmd import _stop_on_signals
 
     with _stop_on_signals():
         with _SignalsHeld() as held:

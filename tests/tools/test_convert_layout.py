@@ -12,7 +12,7 @@ import pytest
 from shardfeed.formats import ShardWriter, open_index
 from shardfeed.formats.writer import approx_sample_bytes
 from shardfeed.tools.cli import main
-from shardfeed.tools.convert.plan import parts_at, shard_ends
+from shardfeed.tools.convert.part_bounds import parts_at, shard_ends
 
 
 def _files(root) -> dict[str, bytes]:

@@ -75,7 +75,7 @@ def test_shuffled_output_is_a_permutation_and_buckets_equal_permute(tmp_path, fm
     assert main(["convert", "-q", src, str(tmp_path / "perm"), *base, "--shuffle-mode", "permute"]) == 0
     from shardfeed.tools.convert.job import ConvertOptions, convert
     from shardfeed.tools.convert.order import BucketShuffle
-    from shardfeed.tools.convert.sources import open_source
+    from shardfeed.tools.convert.source_kinds import open_source
 
     opts = ConvertOptions(format=fmt, max_shard_samples=128, shuffle_seed=5, shuffle_mode="buckets",
                           bucket_samples=97)

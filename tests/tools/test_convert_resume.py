@@ -94,7 +94,7 @@ def test_live_run_with_same_arguments_is_refused(tmp_path):
     from shardfeed.formats.staging import stage_path
     from shardfeed.tools.convert.job import ConvertOptions, convert, run_key
     from shardfeed.tools.convert.resume import StageLock
-    from shardfeed.tools.convert.sources import open_source
+    from shardfeed.tools.convert.source_kinds import open_source
 
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps({"i": i}) + "\n" for i in range(50)))

@@ -22,7 +22,7 @@ SCRIPT = textwrap.dedent('''
     import signal
     import sys
 
-    from shardfeed.tools.convert import command, processes
+    from shardfeed.tools.convert import convert_cmd, processes
 
     real_spawn = mp_util.spawnv_passfds
     stopped = []
@@ -45,10 +45,10 @@ SCRIPT = textwrap.dedent('''
     if __name__ == "__main__":
         mp_util.spawnv_passfds = spawn_then_stop
         payload = b"x" * int(sys.argv[1])
-        with command._stop_on_signals():
+        with convert_cmd._stop_on_signals():
             try:
                 processes.run_each(work, [(payload,), (payload,)], lambda _event: None)
-            except command.Interrupted as e:
+            except convert_cmd.Interrupted as e:
                 print("stopped by", e)
                 sys.exit(143)
         print("not stopped")

@@ -10,13 +10,13 @@ import numpy as np
 from shardfeed.cache.simulate import expected_fetch, plan_accesses, simulate
 from shardfeed.formats import open_index
 from shardfeed.shuffling.spec import Job, PlanSpec
-from shardfeed.tools import plan
+from shardfeed.tools import plan_cmd
 
 
 def run(capsys, *argv):
     p = argparse.ArgumentParser()
-    plan.add_arguments(p)
-    rc = plan.main(p.parse_args([str(a) for a in argv]))
+    plan_cmd.add_arguments(p)
+    rc = plan_cmd.main(p.parse_args([str(a) for a in argv]))
     out = capsys.readouterr()
     return rc, out.out, out.err
 

@@ -14,10 +14,10 @@ import re
 import pytest
 
 from shardfeed.formats import ShardWriter
-from shardfeed.tools.train.command import add_arguments
 from shardfeed.tools.train.loop import run_rank
 from shardfeed.tools.train.steplog import STARTUP_STEPS, StepLog
 from shardfeed.tools.train.synth import image_samples
+from shardfeed.tools.train.train_cmd import add_arguments
 
 
 @pytest.fixture(scope="module")

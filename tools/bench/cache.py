@@ -215,7 +215,7 @@ def targets(rows) -> list[tuple[str, bool, str]]:
 
 def markdown(rows, cold, setup, total, checks) -> str:
     shards, per_shard, sample_bytes, link = setup
-    from shardfeed.tools.byte_sizes import human_bytes
+    from shardfeed.tools.size_options import human_bytes
 
     lines = [f"Dataset {shards} shards x {per_shard} samples x {human_bytes(sample_bytes)} = {human_bytes(total)}; "
              f"{NODES} nodes x {RANKS_PER_NODE} ranks, batch {BATCH} per rank; each node's link "

@@ -76,7 +76,7 @@ def _source(root: str, n: int, size: int) -> None:
 
 def throughput(tmp: str, quick: bool, ray: bool) -> list[dict]:
     from shardfeed.tools.convert.job import ConvertOptions, convert
-    from shardfeed.tools.convert.sources import open_source
+    from shardfeed.tools.convert.source_kinds import open_source
 
     rows = []
     for size, n in ((2 << 10, 20_000 if quick else 100_000), (100 << 10, 400 if quick else 2_000)):
@@ -115,7 +115,7 @@ def quality(seeds: int = 2) -> dict:
 
 
 def main(args) -> int:
-    from shardfeed.tools.byte_sizes import human_bytes
+    from shardfeed.tools.size_options import human_bytes
 
     os.makedirs(args.out, exist_ok=True)
     ray = not args.no_ray

@@ -179,16 +179,16 @@ def _predicted(url, cache_dir, limit, world, batch, epochs, workers: int = 0) ->
     import io
     import json
 
-    from shardfeed.tools import plan
+    from shardfeed.tools import plan_cmd
 
     p = argparse.ArgumentParser()
-    plan.add_arguments(p)
+    plan_cmd.add_arguments(p)
     args = p.parse_args([url, "--cache-limit", str(limit), "--world-size", str(world), "--batch-size", str(batch),
                          "--epochs", str(epochs), "--seed", "0", "--json", "--cache-dir", cache_dir,
                          "--num-workers", str(workers)])
     text = io.StringIO()
     with contextlib.redirect_stdout(text):
-        if plan.main(args) != 0:
+        if plan_cmd.main(args) != 0:
             return None
     row = [r for r in json.loads(text.getvalue())["rows"] if r["order"] == "global" and r["policy"] == "shardfeed"]
     return float(np.mean(row[0]["epochs"][1:])) if row and row[0]["epochs"] else None

@@ -38,7 +38,7 @@ def report(r, args, minutes: float) -> dict:
     """The soak's result (bench_soak.json) from run ``r`` (soak.py's _Run), after ``shardfeed audit``
     has judged the records of its checkpoint chain."""
     from shardfeed.formats.commit_log import open_stream_index
-    from shardfeed.tools import audit as audit_cli
+    from shardfeed.tools import audit_cmd as audit_cli
 
     chain = _chain(r.ckpt)
     records = [os.path.join(d, f"rank{k}.audit.json") for d in chain for k in range(WORLD)]

@@ -6,7 +6,7 @@ Life of a conversion (nothing under DST's name until the very end):
    the keyed permutation of them (order.py: O(1) memory; sources read front
    to back go through a two-pass bucket shuffle giving the same order);
 2. the order is cut into ``processes`` contiguous parts at shard boundaries
-   of a 1-process run, found by measuring every sample first (plan.py), so
+   of a 1-process run, found by measuring every sample first (part_bounds.py), so
    the shards are those 1 process writes;
    each part is written by its own ShardWriter under ``<stage>/part-NNN/``,
    where the stage is a hidden sibling of DST named by a hash of the
@@ -54,8 +54,8 @@ from shardfeed.formats.columnar_values import typed_for_columnar
 from shardfeed.formats.sidecar import SIDECAR_SUFFIX
 from shardfeed.formats.staging import check_destination, publish_stage, remove_stale_stages, stage_path
 from shardfeed.tools.convert.order import BucketShuffle, OutputOrder, bucket_samples_for
+from shardfeed.tools.convert.part_bounds import PLAN, load_plan, measure, parts_at, save_plan, shard_ends
 from shardfeed.tools.convert.parts import ConvertResult, write_part_manifest
-from shardfeed.tools.convert.plan import PLAN, load_plan, measure, parts_at, save_plan, shard_ends
 from shardfeed.tools.convert.processes import run_each
 from shardfeed.tools.convert.resume import (
     StageLock,
@@ -89,7 +89,7 @@ class ConvertOptions:
 
 def plan_parts(source, order, stage: str, opts: ConvertOptions, n: int) -> list[tuple[int, int]]:
     """[start, stop) of the output order for each part: ``processes`` parts, or
-    with ``part=(i, N)`` part i of N, cut at a 1-process run's shard boundaries (plan.py)."""
+    with ``part=(i, N)`` part i of N, cut at a 1-process run's shard boundaries (part_bounds.py)."""
     count = opts.part[1] if opts.part is not None else opts.processes
     parts = [(0, n)] if min(count, n) <= 1 else load_plan(stage)
     if parts is None:

@@ -1,7 +1,7 @@
-"""The base classes of convert's sources: a numbered list of samples read by id (see sources.py).
+"""The base classes of convert's sources: a numbered list of samples read by id (see source_kinds.py).
 
-Apart from sources.py so the table sources (table_sources.py), which
-sources.py opens, can build on them without importing sources.py back.
+Apart from source_kinds.py so the table sources (table_sources.py), which
+source_kinds.py opens, can build on them without importing source_kinds.py back.
 """
 
 from __future__ import annotations

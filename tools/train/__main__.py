@@ -4,7 +4,7 @@ import argparse
 import sys
 
 from shardfeed.tools.text import HelpFormatter
-from shardfeed.tools.train.command import add_arguments, main
+from shardfeed.tools.train.train_cmd import add_arguments, main
 
 parser = argparse.ArgumentParser(prog="shardfeed train", formatter_class=HelpFormatter)
 add_arguments(parser)

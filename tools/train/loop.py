@@ -34,7 +34,7 @@ def pick_device(args) -> torch.device:
 
 def make_dataset(args, source: str, *, train: bool):
     from shardfeed.loader import ShardDataset
-    from shardfeed.tools.byte_sizes import parse_size
+    from shardfeed.tools.size_options import parse_size
 
     cache = {}
     if args.cache_dir is not None and is_url(source):

@@ -10,7 +10,7 @@ import os
 import re
 
 from shardfeed.loader import BatchSchedule, Stage
-from shardfeed.tools.byte_sizes import size_option
+from shardfeed.tools.size_options import size_option
 from shardfeed.tools.train import balance_options, metrics
 
 ORDERS = ("none", "shard", "block", "global")

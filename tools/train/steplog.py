@@ -16,7 +16,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from shardfeed.tools.byte_sizes import human_bytes as format_bytes
+from shardfeed.tools.size_options import human_bytes as format_bytes
 
 
 def cache_counters(stats: dict) -> tuple[float, float, float]:

@@ -17,7 +17,7 @@ import signal
 import sys
 import threading
 
-from shardfeed.tools.byte_sizes import human_bytes, parse_size
+from shardfeed.tools.size_options import human_bytes, parse_size
 from shardfeed.tools.text import plural, show_progress
 
 _PARQUET_CODECS = ("none", "snappy", "gzip", "brotli", "lz4", "zstd")
@@ -191,7 +191,7 @@ def main(args) -> int:
     from shardfeed.formats.writer import check_field
     from shardfeed.tools.convert.field_map import parse_field_specs
     from shardfeed.tools.convert.job import convert
-    from shardfeed.tools.convert.sources import open_source
+    from shardfeed.tools.convert.source_kinds import open_source
 
     if args.merge:
         return _merge(args)

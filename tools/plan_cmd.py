@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from shardfeed.tools.byte_sizes import human_bytes, size_option
+from shardfeed.tools.size_options import human_bytes, size_option
 from shardfeed.tools.text import plural, show_progress
 
 
