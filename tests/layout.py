@@ -141,6 +141,17 @@ def line_counts(root: str = ROOT) -> dict[str, int]:
     return out
 
 
+def basename_collisions(root: str = ROOT) -> dict[str, list[str]]:
+    """File name -> the module paths that share it, for names held by more than one module
+    (``__init__.py`` and ``__main__.py`` are a package's by role, not by name, and left out)."""
+    by_name = defaultdict(list)
+    for path in modules(root).values():
+        name = os.path.basename(path)
+        if name not in ("__init__.py", "__main__.py"):
+            by_name[name].append(os.path.relpath(path, root))
+    return {name: sorted(paths) for name, paths in sorted(by_name.items()) if len(paths) > 1}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--inside", help="show the module graph inside this package instead")
