@@ -9,26 +9,26 @@ from typing import TYPE_CHECKING
 from shardfeed.formats.lazy import exports
 
 if TYPE_CHECKING:  # what the names are, for type checkers; at run time each is imported on first use
-    from shardfeed.cache.fetch import Cancelled, FetchOptions
-    from shardfeed.cache.prefetch import Prefetcher
-    from shardfeed.cache.remote_index import RemoteDataset, RemoteIndex, mirror_index, open_remote_index
-    from shardfeed.cache.sources import Source, open_source
-    from shardfeed.cache.store import CacheLimitError, ShardCache, ShardRef
+    from shardfeed.cache.fetching.fetch import Cancelled, FetchOptions
+    from shardfeed.cache.fetching.url_sources import Source, open_source
+    from shardfeed.cache.planning.prefetch import Prefetcher
+    from shardfeed.cache.remote.remote_index import RemoteDataset, RemoteIndex, mirror_index, open_remote_index
+    from shardfeed.cache.storage.store import CacheLimitError, ShardCache, ShardRef
 
 # public name -> the submodule that defines it (formats/lazy.py: nothing is imported until asked for)
 _EXPORTS = {
-    "Cancelled": "fetch",
-    "FetchOptions": "fetch",
-    "Prefetcher": "prefetch",
-    "RemoteDataset": "remote_index",
-    "RemoteIndex": "remote_index",
-    "mirror_index": "remote_index",
-    "open_remote_index": "remote_index",
-    "Source": "sources",
-    "open_source": "sources",
-    "CacheLimitError": "store",
-    "ShardCache": "store",
-    "ShardRef": "store",
+    "Cancelled": "fetching.fetch",
+    "FetchOptions": "fetching.fetch",
+    "Prefetcher": "planning.prefetch",
+    "RemoteDataset": "remote.remote_index",
+    "RemoteIndex": "remote.remote_index",
+    "mirror_index": "remote.remote_index",
+    "open_remote_index": "remote.remote_index",
+    "Source": "fetching.url_sources",
+    "open_source": "fetching.url_sources",
+    "CacheLimitError": "storage.store",
+    "ShardCache": "storage.store",
+    "ShardRef": "storage.store",
 }
 __getattr__, __dir__ = exports(__name__, _EXPORTS)
 

@@ -52,7 +52,7 @@ class BatchMaker(Maker):
         self._refetched: set[int] = set()
         extra = {}
         if cached is not None:
-            from shardfeed.cache.reads import max_entry_bytes
+            from shardfeed.cache.readers.reads import max_entry_bytes
             from shardfeed.loader.cache_limits import reader_max_open
 
             biggest = max_entry_bytes(index)  # the shard and its sidecar, as the checks count it
@@ -60,7 +60,7 @@ class BatchMaker(Maker):
             if not cached.keep_open:
                 max_open = 0  # a stream's shard sizes are unknown when sized: pins last one read
             if cached.ranged:
-                from shardfeed.cache.ranged_reads import RANGED_MAX_OPEN
+                from shardfeed.cache.readers.ranged_reads import RANGED_MAX_OPEN
 
                 max_open = max(max_open, RANGED_MAX_OPEN)  # whole shards: partial copies close after each read
             extra = dict(path_of=cached.path_of, release=cached.release, max_open=max_open)

@@ -15,11 +15,12 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from shardfeed.cache import CacheLimitError, ranged_reads
-from shardfeed.cache.fetch import with_retries
-from shardfeed.cache.ranged_reads import RangePolicy, plan_bytes
-from shardfeed.cache.reads import entry_bytes
-from shardfeed.cache.sources import open_source
+from shardfeed.cache import CacheLimitError
+from shardfeed.cache.fetching.fetch import with_retries
+from shardfeed.cache.fetching.url_sources import open_source
+from shardfeed.cache.readers import ranged_reads
+from shardfeed.cache.readers.ranged_reads import RangePolicy, plan_bytes
+from shardfeed.cache.readers.reads import entry_bytes
 from shardfeed.formats import ShardError
 from shardfeed.formats.index import INDEX_NAME, parse_index_bytes
 from shardfeed.shuffling import Order

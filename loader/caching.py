@@ -31,10 +31,10 @@ import warnings
 import numpy as np
 
 from shardfeed.cache import CacheLimitError
-from shardfeed.cache.clairvoyant import PlanPrefetcher
-from shardfeed.cache.ranged_reads import NEAR_STEPS, RANGE_THREADS, plan_bytes
-from shardfeed.cache.reads import CachedShards, entry_bytes, max_entry_bytes
-from shardfeed.cache.simulate import belady_bytes
+from shardfeed.cache.planning.clairvoyant import PlanPrefetcher
+from shardfeed.cache.planning.simulate import belady_bytes
+from shardfeed.cache.readers.ranged_reads import NEAR_STEPS, RANGE_THREADS, plan_bytes
+from shardfeed.cache.readers.reads import CachedShards, entry_bytes, max_entry_bytes
 from shardfeed.loader.cache_limits import (
     LOOKAHEAD_SHARDS,
     below_one_shard,
@@ -126,8 +126,8 @@ class LoaderCache:
         if self.prefetcher is None:
             self.feed.reset(pos)
             if self._ranged():
-                from shardfeed.cache.clairvoyant import SamplePrefetcher
-                from shardfeed.cache.ranged_reads import RangePolicy
+                from shardfeed.cache.planning.clairvoyant import SamplePrefetcher
+                from shardfeed.cache.readers.ranged_reads import RangePolicy
 
                 self.policy = RangePolicy.of(self.spec.open(), self.ds.index)
                 self.plan_len = int(min(len(self.ds.index), LOOKAHEAD_SHARDS, self.held + 2))
@@ -157,7 +157,7 @@ class LoaderCache:
     def _ranged(self) -> bool:
         """Misses may be fetched as sample ranges: plain tar shards with sidecars, an
         epoch feed (whose plan says which samples come next, feed.near), a budget below the data."""
-        from shardfeed.cache.ranged_reads import rangeable, use_ranges
+        from shardfeed.cache.readers.ranged_reads import rangeable, use_ranges
 
         index = self.ds.index
         return bool(use_ranges(index) and self.ds.order.value == "global" and self.feed.knows_near
@@ -358,7 +358,7 @@ def cache_spec(source, cache_dir, limit_bytes, storage_options):
     """The CacheSpec of a dataset read through the cache (the folder and limit checked, defaults applied)."""
     import os
 
-    from shardfeed.cache.reads import CacheSpec, default_cache_dir, default_limit
+    from shardfeed.cache.readers.reads import CacheSpec, default_cache_dir, default_limit
 
     if cache_dir is None:
         cache_dir = default_cache_dir()
@@ -379,7 +379,7 @@ def open_cached(source, cache_dir, limit_bytes, storage_options):
     mirrored into the cache folder (and named by its URL); a local one is read
     in place. CacheLimitError now if the biggest shard cannot fit."""
     from shardfeed.cache import mirror_index
-    from shardfeed.cache.sources import scheme_of
+    from shardfeed.cache.fetching.url_sources import scheme_of
     from shardfeed.formats import open_index
 
     spec = cache_spec(source, cache_dir, limit_bytes, storage_options)

@@ -133,7 +133,7 @@ class ShardDataset(_placement.Placed, torch.utils.data.IterableDataset):
             source = os.fspath(source)
         remote = isinstance(source, str) and _is_url(source)
         if remote:  # a scheme without a reader fails here, before any cache is set up for it
-            from shardfeed.cache.sources import check_url
+            from shardfeed.cache.fetching.url_sources import check_url
 
             check_url(source)
         if transform is not None and not callable(transform):
@@ -162,7 +162,7 @@ class ShardDataset(_placement.Placed, torch.utils.data.IterableDataset):
             raise ValueError(f"replay={replay!r}/window={window!r} mix older samples into a followed stream; "
                              "pass follow=True or leave them at 0.0/None")
         if cache_limit_bytes is not None:  # an int, "50GB" or a share of the cache folder's disk
-            from shardfeed.cache.reads import default_cache_dir
+            from shardfeed.cache.readers.reads import default_cache_dir
             from shardfeed.formats.byte_sizes import parse_limit
 
             cache_limit_bytes = parse_limit(cache_limit_bytes, "cache_limit_bytes", lambda: cache_dir or default_cache_dir())
@@ -302,7 +302,7 @@ class ShardDataset(_placement.Placed, torch.utils.data.IterableDataset):
 
             cached = FollowedShards(self.index, self.cache)
         elif self.cache is not None:
-            from shardfeed.cache.ranged_reads import RangedShards
+            from shardfeed.cache.readers.ranged_reads import RangedShards
             from shardfeed.loader.caching import node_ranks
 
             ranks = node_ranks(self.topology)  # every rank of the node shares the cache's budget
@@ -404,7 +404,7 @@ def _order_options(order: Order, block_shards, shuffle_buffer) -> tuple[int, int
 
 
 def _is_url(source: str) -> bool:
-    from shardfeed.cache.sources import scheme_of
+    from shardfeed.cache.fetching.url_sources import scheme_of
 
     return scheme_of(source) not in ("", "file")
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from shardfeed.cache.reads import CachedShards
+from shardfeed.cache.readers.reads import CachedShards
 
 FOLLOW_RETRY_S = 60.0  # a follower's fetches ride out faults this long (a 503 storm, a restarting server)
 
@@ -35,7 +35,7 @@ FOLLOW_RETRY_S = 60.0  # a follower's fetches ride out faults this long (a 503 s
 def open_followed(url: str, cache_dir, limit_bytes, storage_options, idle_timeout_s: float = FOLLOW_RETRY_S):
     """(CacheSpec, index of what the stream has published so far, mirror folder) of a followed
     URL. The dataset need not exist yet: its index is then empty, and the feed waits for it."""
-    from shardfeed.cache.log_mirror import LogMirror
+    from shardfeed.cache.remote.log_mirror import LogMirror
     from shardfeed.loader.caching import cache_spec
 
     url = url.rstrip("/")
@@ -50,7 +50,7 @@ def open_followed(url: str, cache_dir, limit_bytes, storage_options, idle_timeou
 
 def log_source(url: str, spec):
     """A feed's own LogMirror of ``url`` (each feed polls for itself; the mirror folder is shared)."""
-    from shardfeed.cache.log_mirror import LogMirror
+    from shardfeed.cache.remote.log_mirror import LogMirror
 
     return LogMirror(url.rstrip("/"), spec.open())
 

@@ -14,7 +14,7 @@ from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlsplit
 
-from shardfeed.cache.range_server import start_range_reply
+from shardfeed.tools.range_server import start_range_reply
 
 
 @dataclass

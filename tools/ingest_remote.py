@@ -33,7 +33,7 @@ class RemoteIngestWriter:
     format, bytes_written, root), over a RemoteAppender at ``url``."""
 
     def __init__(self, url: str, prefix: str, storage_options: dict | None = None, **writer_kwargs):
-        from shardfeed.cache.sources import check_url
+        from shardfeed.cache.fetching.url_sources import check_url
         from shardfeed.formats.remote_log import RemoteAppender
 
         check_url(url)  # shell URLs and unknown schemes, named

@@ -76,7 +76,7 @@ def _check(args) -> str | None:
 
 def orders(sizes, limit: int, rpn: int, nodes: int) -> list[tuple[str, dict, str]]:
     """(order, PlanSpec options, note) of each row; a block window the budget cannot hold is a note."""
-    from shardfeed.cache.simulate import block_window
+    from shardfeed.cache.planning.simulate import block_window
 
     rows = [("none", {}, ""), ("shard", {}, "")]
     try:
@@ -96,8 +96,8 @@ def ranged_reserve(counts, sizes, limit: int, rpn: int, batch_size: int, sidecar
     functions): ``rpn`` ranks, each with ``workers`` readers (num_workers; 0: one);
     ``floor``: (reserve, the worst case of the pins, the metadata and the prefetch windows,
     which the cost model's whole shards may take the rest of)."""
-    from shardfeed.cache.cost_model import batches_held, range_reserve, range_working, window_held
-    from shardfeed.cache.ranged_reads import NEAR_STEPS, plan_bytes
+    from shardfeed.cache.readers.ranged_reads import NEAR_STEPS, plan_bytes
+    from shardfeed.cache.sample_ranges.cost_model import batches_held, range_reserve, range_working, window_held
 
     total, samples = int(np.sum(sizes)), int(np.sum(counts))
     if total * (1 + sidecar_share) <= limit * 1.002:  # as RangePolicy: the data fits
@@ -116,8 +116,8 @@ def ranged_reserve(counts, sizes, limit: int, rpn: int, batch_size: int, sidecar
 def ranged_epochs(counts, sizes, acc, limit: int, rpn: int, batch_size: int, sidecar_share: float,
                   **reserve_options) -> list[int]:
     """Bytes per epoch of shardfeed's cache on the global order's accesses ``acc`` (cache.simulate)."""
-    from shardfeed.cache.ranged_reads import NEAR_STEPS
-    from shardfeed.cache.simulate import simulate_ranged
+    from shardfeed.cache.planning.simulate import simulate_ranged
+    from shardfeed.cache.readers.ranged_reads import NEAR_STEPS
 
     reserve, floor = ranged_reserve(counts, sizes, limit, rpn, batch_size, sidecar_share, floor=True,
                                     **reserve_options)
@@ -130,7 +130,7 @@ def simulate_orders(counts, sizes, limit: int, world_size: int, rpn: int, batch_
                     **reserve_options) -> list[dict]:
     """One dict per (order, policy): bytes fetched by ``node`` in each epoch
     (``reserve_options``: ``ranged_reserve``'s workers, side_bytes, fixed_bytes)."""
-    from shardfeed.cache.simulate import Policy, plan_accesses, simulate
+    from shardfeed.cache.planning.simulate import Policy, plan_accesses, simulate
     from shardfeed.shuffling.spec import Job, PlanSpec
 
     nodes = -(-world_size // rpn)
@@ -171,13 +171,13 @@ def _open(args):
     import os
     import tempfile
 
-    from shardfeed.cache.ranged_reads import SIDECAR_SHARE
-    from shardfeed.cache.sources import open_source, scheme_of
+    from shardfeed.cache.fetching.url_sources import open_source, scheme_of
+    from shardfeed.cache.readers.ranged_reads import SIDECAR_SHARE
     from shardfeed.formats import ShardError, open_index
 
     src = str(args.dataset)
     if scheme_of(src) not in ("", "file"):
-        from shardfeed.cache.remote_index import open_remote_index
+        from shardfeed.cache.remote.remote_index import open_remote_index
 
         folder = args.cache_dir or tempfile.mkdtemp(prefix="shardfeed-plan-")
         index = open_remote_index(src, folder, limit_bytes=1 << 40)
@@ -195,14 +195,14 @@ def _open(args):
             side += os.path.getsize(index.path(i) + ".idx")
         except OSError:
             pass
-    from shardfeed.cache.disk_blocks import empty_cache_bytes
+    from shardfeed.cache.storage.disk_blocks import empty_cache_bytes
 
     return index, side / max(1, int(index.sizes.sum())), empty_cache_bytes()
 
 
 def _side_bytes(index) -> int:
     """The largest sidecar the cache assumes a shard has (the start check's estimate)."""
-    from shardfeed.cache.reads import entry_bytes
+    from shardfeed.cache.readers.reads import entry_bytes
 
     return int((entry_bytes(index) - np.asarray(index.sizes, np.int64)).max()) if len(index) else 0
 

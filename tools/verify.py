@@ -52,7 +52,7 @@ def add_cache_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def is_url(dst: str) -> bool:
-    from shardfeed.cache.sources import scheme_of
+    from shardfeed.cache.fetching.url_sources import scheme_of
 
     return scheme_of(str(dst)) not in ("", "file")
 

@@ -162,7 +162,7 @@ def compile_bytecode() -> int:
 
 def _kernels_off_the_read_path() -> None:
     """The kernels a plain read does not reach, called through their public APIs."""
-    from shardfeed.cache.simulate import simulate
+    from shardfeed.cache.planning.simulate import simulate
     from shardfeed.shuffling import locality
     from shardfeed.shuffling.permutation import Permutation
 

@@ -14,7 +14,7 @@ import pytest
 from cache_servers import StaticServer
 from conftest import labelled_sample
 from shardfeed.cache import CacheLimitError
-from shardfeed.cache.http_source import HttpSource
+from shardfeed.cache.fetching.http_source import HttpSource
 from shardfeed.formats import ShardWriter, open_index
 from shardfeed.loader import Loader, ShardDataset
 
@@ -95,8 +95,8 @@ def test_sample_ranges_from_a_range_ignoring_server_take_one_get_per_fetch(tmp_p
     """A fetch of samples far apart (several ranges) from such a server is one GET of the shard,
     and every sample written to the partial copy is checked and served."""
     from shardfeed.cache import ShardCache, ShardRef
-    from shardfeed.cache.cost_model import CostModel
-    from shardfeed.cache.ranges import RangeFetcher
+    from shardfeed.cache.sample_ranges.cost_model import CostModel
+    from shardfeed.cache.sample_ranges.ranges import RangeFetcher
 
     ix = open_index(folder)
     fetcher = RangeFetcher(ShardCache(str(tmp_path / "c"), 1 << 22), CostModel())

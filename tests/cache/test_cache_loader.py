@@ -14,7 +14,7 @@ import pytest
 from cache_servers import RangeServer, s3_options, upload_folder
 from conftest import labelled_sample
 from shardfeed.cache import CacheLimitError
-from shardfeed.cache.simulate import belady_bytes
+from shardfeed.cache.planning.simulate import belady_bytes
 from shardfeed.formats import ShardError, open_index
 from shardfeed.loader import Loader, ShardDataset
 
@@ -102,7 +102,7 @@ def test_budget_below_working_set_fails_at_start_with_bytes_needed(tmp_path, dat
 
 
 def test_thrashing_plan_warns_once_with_bytes_and_fixes(tmp_path, monkeypatch):
-    from shardfeed.cache import ranged_reads
+    from shardfeed.cache.readers import ranged_reads
     from shardfeed.formats import ShardWriter
 
     monkeypatch.setattr(ranged_reads, "ENABLED", False)  # whole shards: with sample ranges this plan does not thrash

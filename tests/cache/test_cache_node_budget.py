@@ -20,7 +20,7 @@ import torch
 from cache_servers import RangeServer
 from conftest import labelled_sample
 from shardfeed.cache import CacheLimitError, ShardCache
-from shardfeed.cache.reads import entry_bytes, max_entry_bytes
+from shardfeed.cache.readers.reads import entry_bytes, max_entry_bytes
 from shardfeed.formats import ShardWriter, open_index
 from shardfeed.loader import ShardDataset
 

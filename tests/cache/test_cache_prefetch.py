@@ -10,7 +10,7 @@ import pytest
 
 from cache_servers import Fault, RangeServer
 from shardfeed.cache import CacheLimitError, FetchOptions, Prefetcher, ShardCache, ShardRef
-from shardfeed.cache.disk_blocks import empty_cache_bytes
+from shardfeed.cache.storage.disk_blocks import empty_cache_bytes
 from shardfeed.formats import ShardError
 
 FAST = FetchOptions(range_bytes=64 << 10, threads=2, attempts=2, backoff_s=0.01, stall_s=5.0)

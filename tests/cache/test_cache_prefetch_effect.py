@@ -25,7 +25,7 @@ LATENCY_S, STEP_S = 0.02, 0.03
 @pytest.fixture(autouse=True)
 def _default_ranges(monkeypatch):
     """Samples of 16 KiB: sample ranges by default (no SHARDFEED_CACHE_RANGES override)."""
-    from shardfeed.cache import ranged_reads
+    from shardfeed.cache.readers import ranged_reads
 
     monkeypatch.setattr(ranged_reads, "ENABLED", None)
 

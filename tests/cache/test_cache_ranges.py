@@ -16,8 +16,8 @@ import pytest
 from cache_servers import RangeServer
 from conftest import labelled_sample
 from shardfeed.cache import ShardCache, ShardRef
-from shardfeed.cache.cost_model import CostModel
-from shardfeed.cache.ranges import RangeFetcher, coalesce
+from shardfeed.cache.sample_ranges.cost_model import CostModel
+from shardfeed.cache.sample_ranges.ranges import RangeFetcher, coalesce
 from shardfeed.formats import ShardError, ShardWriter, open_index
 from shardfeed.loader import Loader, ShardDataset
 
@@ -27,7 +27,7 @@ N, PAYLOAD, PER_SHARD, BATCH = 1024, 16384, 8, 8
 @pytest.fixture(autouse=True)
 def _default_ranges(monkeypatch):
     """Samples of 16 KiB: sample ranges by default (no SHARDFEED_CACHE_RANGES override)."""
-    from shardfeed.cache import ranged_reads
+    from shardfeed.cache.readers import ranged_reads
 
     monkeypatch.setattr(ranged_reads, "ENABLED", None)
 

@@ -45,8 +45,8 @@ def test_range_and_sidecar_requests_are_counted_as_the_server_sees_them(tmp_path
     included, are in the cache's ``requests`` (what the Loader's stats() report)."""
     from cache_servers import Fault
     from shardfeed.cache import ShardCache, ShardRef
-    from shardfeed.cache.cost_model import CostModel
-    from shardfeed.cache.ranges import RangeFetcher
+    from shardfeed.cache.sample_ranges.cost_model import CostModel
+    from shardfeed.cache.sample_ranges.ranges import RangeFetcher
 
     root = str(tmp_path / "ds")
     with ShardWriter(root, max_shard_samples=16) as w:

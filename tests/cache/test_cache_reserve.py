@@ -14,10 +14,10 @@ import pytest
 
 from conftest import labelled_sample
 from shardfeed.cache import ShardCache
-from shardfeed.cache.budget import Budget, NoRoom
-from shardfeed.cache.disk_blocks import empty_cache_bytes
-from shardfeed.cache.ranged_reads import RangePolicy
-from shardfeed.cache.simulate import Accesses, simulate_ranged
+from shardfeed.cache.planning.simulate import Accesses, simulate_ranged
+from shardfeed.cache.readers.ranged_reads import RangePolicy
+from shardfeed.cache.storage.budget import Budget, NoRoom
+from shardfeed.cache.storage.disk_blocks import empty_cache_bytes
 from shardfeed.formats import ShardWriter, open_index
 from shardfeed.tools.plan_cmd import _side_bytes, ranged_reserve
 
@@ -60,7 +60,7 @@ def test_plan_keeps_the_reserve_the_policy_keeps(tmp_path, dataset, f, ranks, wo
 def test_reserve_counts_only_the_samples_read_as_ranges(dataset):
     """A batch read from shards held whole needs no room: the nearer the budget is to the
     data, the less the ranges hold on average (it was a fixed share of every batch)."""
-    from shardfeed.cache.cost_model import range_reserve
+    from shardfeed.cache.sample_ranges.cost_model import range_reserve
 
     index = open_index(dataset)
     total, samples = int(np.sum(index.sizes)), int(index.num_samples)
@@ -122,7 +122,7 @@ def test_the_prefetch_window_is_given_back_as_the_readers_move(tmp_path):
     policy.window_bytes; a step the readers reach leaves it (its samples are theirs now)."""
     from types import SimpleNamespace
 
-    from shardfeed.cache.clairvoyant import SamplePrefetcher
+    from shardfeed.cache.planning.clairvoyant import SamplePrefetcher
 
     policy = SimpleNamespace(window_bytes=100)
     with SamplePrefetcher(ShardCache(str(tmp_path / "c"), 1 << 20), lambda pos: ([], []), policy) as p:
@@ -138,8 +138,8 @@ def test_an_admitted_shards_room_stays_held_until_its_fetch_starts(tmp_path):
     must not take it for a dead fetcher's temporary (nobody holds its fetch lock yet): with 4
     ranks admitting at once, the whole shards overfilled their room (16 where 12 fit) and the
     readers' batches no longer did. A dead process's placeholder is dropped."""
-    from shardfeed.cache.admission import ADMIT
-    from shardfeed.cache.budget import CacheLimitError
+    from shardfeed.cache.storage.admission import ADMIT
+    from shardfeed.cache.storage.budget import CacheLimitError
 
     cdir = str(tmp_path)
     data = os.path.join(cdir, "data")
@@ -175,7 +175,7 @@ def test_a_ranged_reader_holds_no_partial_copy_open_between_reads(tmp_path, data
     """Its partial copies are closed after each read: nothing the prefetcher brought into them
     is pinned between reads (the worst case counts no kept-open copy), while whole shards stay open."""
     from cache_servers import RangeServer
-    from shardfeed.cache import ranged_reads
+    from shardfeed.cache.readers import ranged_reads
     from shardfeed.loader import Loader, ShardDataset
 
     monkeypatch.setattr(ranged_reads, "ENABLED", None)  # samples of 8 KiB: ranges by default

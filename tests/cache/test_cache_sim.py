@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shardfeed.cache.simulate import (
+from shardfeed.cache.planning.simulate import (
     Accesses,
     Policy,
     block_window,

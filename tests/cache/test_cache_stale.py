@@ -64,7 +64,7 @@ def test_unchanged_mirror_is_revalidated_not_refetched(tmp_path):
         bodies = srv.gets(".json")
         _read(srv.url, cdir)
         assert srv.gets(".json") == 2 * bodies  # one GET per entry, as a conditional one would be
-    from shardfeed.cache.remote_index import mirror_folder
+    from shardfeed.cache.remote.remote_index import mirror_folder
 
     folder = mirror_folder(srv.url, ShardCache(cdir, 8 << 20))
     entry = os.path.join(folder, "_log", sorted(os.listdir(os.path.join(folder, "_log")))[0])

@@ -12,7 +12,7 @@ import xxhash
 
 from cache_servers import Fault, RangeServer, fetch_in_child, pin_in_child
 from shardfeed.cache import CacheLimitError, FetchOptions, ShardCache
-from shardfeed.cache.disk_blocks import empty_cache_bytes
+from shardfeed.cache.storage.disk_blocks import empty_cache_bytes
 
 FAST = FetchOptions(range_bytes=64 << 10, threads=4, attempts=3, backoff_s=0.01, stall_s=5.0)
 
@@ -233,7 +233,7 @@ def test_published_plan_stays_within_what_the_budget_counted(tmp_path):
     """A lookahead plan file lies in the cache's budget: with max_bytes set (the Loader sets
     what its start check counted), the file (and the one written beside it) stays within
     it, keeping the nearest steps, which are what eviction needs most."""
-    from shardfeed.cache.lookahead import SharedLookahead
+    from shardfeed.cache.storage.eviction import SharedLookahead
 
     la = SharedLookahead(str(tmp_path / "lookahead"))
     la.max_bytes = 4000

@@ -13,7 +13,7 @@ import pytest
 
 from cache_servers import Fault, RangeServer
 from conftest import labelled_sample
-from shardfeed.cache.reads import CacheSpec
+from shardfeed.cache.readers.reads import CacheSpec
 from shardfeed.formats import ShardWriter, open_index
 from shardfeed.formats.readers import open_shard
 
@@ -22,7 +22,7 @@ PER_SHARD, PAYLOAD, SHARDS, DELAY = 8, 16384, 5, 0.4
 
 @pytest.fixture(autouse=True)
 def _ranges(monkeypatch):
-    from shardfeed.cache import ranged_reads
+    from shardfeed.cache.readers import ranged_reads
 
     monkeypatch.setattr(ranged_reads, "ENABLED", True)
 
@@ -32,7 +32,7 @@ def test_a_batchs_late_ranges_come_at_once_gh22(tmp_path):
     after another (one request per shard, ~7 a batch in the demo), so a late batch waited for
     the sum of their round trips. With each range's body held DELAY s by the server, the
     batch's SHARDS - 1 late shards now take about one DELAY, not one each."""
-    from shardfeed.cache.ranged_reads import RangedShards
+    from shardfeed.cache.readers.ranged_reads import RangedShards
 
     root = str(tmp_path / "ds")
     with ShardWriter(root, max_shard_samples=PER_SHARD) as w:
@@ -66,7 +66,7 @@ def test_a_failed_late_fetch_waits_for_the_others_before_its_error(tmp_path):
     """When one shard's late ranges fail, the error reaches the caller (who then releases its
     pins) only after the batch's other fetches have ended: none is still writing a copy whose pin
     is gone. Shard 1 is missing at the source (404: fails at once), shards 2-4 answer DELAY s late."""
-    from shardfeed.cache.ranged_reads import RangedShards
+    from shardfeed.cache.readers.ranged_reads import RangedShards
     from shardfeed.formats import ShardError
 
     root = str(tmp_path / "ds")

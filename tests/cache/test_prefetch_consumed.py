@@ -15,9 +15,9 @@ import pytest
 from cache_servers import RangeServer
 from conftest import labelled_sample
 from shardfeed.cache import ShardCache, ShardRef
-from shardfeed.cache.consumed import KEEP_STEPS
-from shardfeed.cache.cost_model import CostModel
-from shardfeed.cache.ranges import RangeFetcher
+from shardfeed.cache.sample_ranges.consumed import KEEP_STEPS
+from shardfeed.cache.sample_ranges.cost_model import CostModel
+from shardfeed.cache.sample_ranges.ranges import RangeFetcher
 from shardfeed.formats import ShardWriter, open_index
 from shardfeed.loader import Loader, ShardDataset
 from shardfeed.loader.caching import step_key
@@ -27,7 +27,7 @@ N, PAYLOAD, PER_SHARD, BATCH = 64, 16384, 8, 8
 
 @pytest.fixture(autouse=True)
 def _default_ranges(monkeypatch):
-    from shardfeed.cache import ranged_reads
+    from shardfeed.cache.readers import ranged_reads
 
     monkeypatch.setattr(ranged_reads, "ENABLED", None)  # 16 KiB samples: ranges by default
 
@@ -65,7 +65,7 @@ def test_a_prefetch_leaves_what_the_readers_read_at_its_step(tmp_path, dataset):
 
 
 def test_only_the_last_steps_are_kept():
-    from shardfeed.cache.consumed import Consumed
+    from shardfeed.cache.sample_ranges.consumed import Consumed
 
     c = Consumed()
     for step in range(100):

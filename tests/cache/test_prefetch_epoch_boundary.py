@@ -20,7 +20,7 @@ N, PAYLOAD, PER_SHARD, BATCH = 128, 8192, 8, 8
 
 @pytest.fixture(autouse=True)
 def _default_ranges(monkeypatch):
-    from shardfeed.cache import ranged_reads
+    from shardfeed.cache.readers import ranged_reads
 
     monkeypatch.setattr(ranged_reads, "ENABLED", None)  # 8 KiB samples: ranges by default
 

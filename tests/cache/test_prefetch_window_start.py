@@ -15,7 +15,7 @@ import pytest
 from cache_servers import RangeServer
 from conftest import labelled_sample
 from loader_helpers import prefetch_settled
-from shardfeed.cache.ranged_reads import NEAR_STEPS
+from shardfeed.cache.readers.ranged_reads import NEAR_STEPS
 from shardfeed.formats import ShardWriter, open_index
 from shardfeed.loader import Loader, ShardDataset
 from shardfeed.loader.caching import step_key
@@ -26,7 +26,7 @@ N, PAYLOAD, PER_SHARD, BATCH = 128, 8192, 8, 8
 
 @pytest.fixture(autouse=True)
 def _default_ranges(monkeypatch):
-    from shardfeed.cache import ranged_reads
+    from shardfeed.cache.readers import ranged_reads
 
     monkeypatch.setattr(ranged_reads, "ENABLED", None)  # 8 KiB samples: ranges by default
 

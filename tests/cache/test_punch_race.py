@@ -15,7 +15,7 @@ import pytest
 
 from cache_servers import RangeServer
 from conftest import labelled_sample
-from shardfeed.cache.reads import CacheSpec
+from shardfeed.cache.readers.reads import CacheSpec
 from shardfeed.formats import ShardWriter, open_index
 from shardfeed.formats.readers import open_shard
 
@@ -24,13 +24,13 @@ PER_SHARD, PAYLOAD, SHARDS = 8, 16384, 3
 
 @pytest.fixture(autouse=True)
 def _ranges(monkeypatch):
-    from shardfeed.cache import ranged_reads
+    from shardfeed.cache.readers import ranged_reads
 
     monkeypatch.setattr(ranged_reads, "ENABLED", True)
 
 
 def test_a_punch_spares_a_sample_another_reader_prepared(tmp_path):
-    from shardfeed.cache.ranged_reads import RangedShards
+    from shardfeed.cache.readers.ranged_reads import RangedShards
 
     root = str(tmp_path / "ds")
     with ShardWriter(root, max_shard_samples=PER_SHARD) as w:

@@ -15,7 +15,7 @@ import pytest
 
 from cache_servers import RangeServer
 from conftest import labelled_sample
-from shardfeed.cache.disk_blocks import block_size, empty_cache_bytes, rounded
+from shardfeed.cache.storage.disk_blocks import block_size, empty_cache_bytes, rounded
 from shardfeed.formats import ShardWriter, open_index
 from shardfeed.loader import Loader, ShardDataset
 
@@ -25,7 +25,7 @@ N, PAYLOAD, PER_SHARD, BATCH, LATENCY_S = 192, 8192, 8, 16, 0.05
 @pytest.fixture(autouse=True)
 def _default_ranges(monkeypatch):
     """Samples of 8 KiB: sample ranges by default (no SHARDFEED_CACHE_RANGES override)."""
-    from shardfeed.cache import ranged_reads
+    from shardfeed.cache.readers import ranged_reads
 
     monkeypatch.setattr(ranged_reads, "ENABLED", None)
 

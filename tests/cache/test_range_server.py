@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import urllib.request
 
-from shardfeed.cache.range_server import resolve
+from shardfeed.tools.range_server import resolve
 from shardfeed.tools.train.serve import serve
 
 
@@ -38,7 +38,7 @@ def test_small_ranges_answer_without_a_delayed_ack_wait_gh22(tmp_path):
     import statistics
     import time
 
-    from shardfeed.cache.http_source import HttpSource
+    from shardfeed.cache.fetching.http_source import HttpSource
 
     data = os.urandom(64 << 10)
     (tmp_path / "s.tar").write_bytes(data)

@@ -16,8 +16,8 @@ import time
 from cache_servers import RangeServer
 from conftest import labelled_sample
 from shardfeed.cache import ShardCache, ShardRef
-from shardfeed.cache.cost_model import CostModel
-from shardfeed.cache.ranges import RangeFetcher
+from shardfeed.cache.sample_ranges.cost_model import CostModel
+from shardfeed.cache.sample_ranges.ranges import RangeFetcher
 from shardfeed.formats import ShardWriter, open_index
 
 PER_SHARD = 8

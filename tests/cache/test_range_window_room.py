@@ -9,7 +9,7 @@ import numpy as np
 
 from conftest import labelled_sample
 from shardfeed.cache import ShardCache
-from shardfeed.cache.ranged_reads import NEAR_STEPS, RangePolicy
+from shardfeed.cache.readers.ranged_reads import NEAR_STEPS, RangePolicy
 from shardfeed.formats import ShardWriter, open_index
 
 

@@ -13,8 +13,8 @@ import pytest
 
 from cache_servers import RangeServer
 from conftest import labelled_sample
-from shardfeed.cache.reads import CachedShards, CacheSpec
-from shardfeed.cache.shard_access import ShardAccess
+from shardfeed.cache.readers.reads import CachedShards, CacheSpec
+from shardfeed.cache.readers.shard_access import ShardAccess
 from shardfeed.formats import ShardWriter, open_index
 from shardfeed.loader import BatchSchedule, Mixture, ShardDataset
 from shardfeed.loader.batch_seeds import in_worker, set_batch
@@ -37,13 +37,13 @@ def root(tmp_path):
 
 @pytest.fixture(autouse=True)
 def _ranges(monkeypatch):
-    from shardfeed.cache import ranged_reads
+    from shardfeed.cache.readers import ranged_reads
 
     monkeypatch.setattr(ranged_reads, "ENABLED", True)
 
 
 def _access(kind: str, ix, spec, url: str) -> ShardAccess:
-    from shardfeed.cache.ranged_reads import RangedShards
+    from shardfeed.cache.readers.ranged_reads import RangedShards
     from shardfeed.loader.remote_follow import FollowedShards
 
     of = lambda i: f"{url}/{ix.names[i]}"  # noqa: E731

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from cache_servers import s3_options
-from shardfeed.cache.sources import open_source
+from shardfeed.cache.fetching.url_sources import open_source
 from shardfeed.formats import ShardError
 
 

@@ -9,7 +9,8 @@ import re
 import pytest
 
 from conftest import labelled_sample
-from shardfeed.cache import CacheLimitError, ranged_reads
+from shardfeed.cache import CacheLimitError
+from shardfeed.cache.readers import ranged_reads
 from shardfeed.formats import ShardWriter, open_index
 from shardfeed.loader import Loader, ShardDataset
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from shardfeed.cache.sources import open_source
+from shardfeed.cache.fetching.url_sources import open_source
 from shardfeed.formats import ShardError
 from shardfeed.loader import ShardDataset
 

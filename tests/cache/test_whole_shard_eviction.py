@@ -11,8 +11,8 @@ import pytest
 
 from cache_servers import RangeServer
 from conftest import labelled_sample
-from shardfeed.cache.reads import entry_bytes
-from shardfeed.cache.simulate import Policy, plan_accesses, simulate
+from shardfeed.cache.planning.simulate import Policy, plan_accesses, simulate
+from shardfeed.cache.readers.reads import entry_bytes
 from shardfeed.formats import ShardWriter, open_index
 from shardfeed.loader import Loader, ShardDataset
 from shardfeed.shuffling.spec import Job, PlanSpec
@@ -22,7 +22,7 @@ N, PER_SHARD, BATCH = 512, 8, 16
 
 @pytest.mark.timeout(300)
 def test_whole_shards_fetch_near_belady_and_the_warning_says_so(tmp_path, monkeypatch):
-    from shardfeed.cache import ranged_reads
+    from shardfeed.cache.readers import ranged_reads
 
     monkeypatch.setattr(ranged_reads, "ENABLED", False)
     root = str(tmp_path / "ds")

@@ -20,7 +20,7 @@ from shardfeed.formats import ShardWriter
 # never needed to import the package or to read local tar shards
 NEVER = ("numba", "pyarrow.parquet", "fsspec", "matplotlib", "pandas", "zstandard", "PIL", "tqdm",
          "shardfeed.loader.mixture", "shardfeed.loader.feeds.mixture_epochs", "shardfeed.formats.writer",
-         "shardfeed.cache.store", "shardfeed.tools")
+         "shardfeed.cache.storage.store", "shardfeed.tools")
 
 
 def _fresh(code: str, **env) -> dict:
@@ -68,7 +68,7 @@ def test_public_names_still_import_and_name_their_modules():
                  "print(json.dumps([c.__module__ for c in (Loader, Mixture, ShardDataset, ShardCache, EpochPlan,"
                  " ShardWriter)] + [L.Loader is Loader, 'Loader' in dir(L)]))")
     assert got == ["shardfeed.loader.loader", "shardfeed.loader.mixture", "shardfeed.loader.dataset",
-                   "shardfeed.cache.store", "shardfeed.shuffling.plan", "shardfeed.formats.writer", True, True]
+                   "shardfeed.cache.storage.store", "shardfeed.shuffling.plan", "shardfeed.formats.writer", True, True]
     with pytest.raises(AttributeError, match="has no attribute 'NoSuchName'"):
         import shardfeed.loader
         shardfeed.loader.NoSuchName  # noqa: B018

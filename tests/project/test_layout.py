@@ -66,11 +66,7 @@ def test_the_measurement_sees_real_edges(tmp_path):
 # Two modules never share a file name, in one package or across packages: a name says what its module
 # holds, and `audit.py` twice (a recorder and a CLI command) sends a reader, a traceback and a grep to
 # the wrong file. No per-package exception, errors.py included (one errors.py: formats/, ShardError).
-# Collisions still expected while the sessions that own the other side rename it (cache/sources.py
-# with the cache rooms, formats/sources.py with the formats floor): the lead empties this at merge.
-EXPECTED_COLLISIONS = {
-    "sources.py": ["cache/sources.py", "formats/sources.py"],
-}
+EXPECTED_COLLISIONS: dict[str, list[str]] = {}
 # Modules whose path is the point: an old import path kept working by re-exporting the module that
 # moved (a rename would end the path it keeps). Each holds no code of its own (checked below).
 ALIASES = {

@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 
-from shardfeed.cache.simulate import expected_fetch, plan_accesses, simulate
+from shardfeed.cache.planning.simulate import expected_fetch, plan_accesses, simulate
 from shardfeed.formats import open_index
 from shardfeed.shuffling.spec import Job, PlanSpec
 from shardfeed.tools import plan_cmd

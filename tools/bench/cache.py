@@ -97,8 +97,8 @@ def run_node(index, acc, url: str, cache_dir: str, limit: int, belady: bool, sam
 
 
 def run_config(index, root, work, fraction, plan, opts, policy, setup) -> dict:
-    from shardfeed.cache.disk_blocks import block_size, empty_cache_bytes, rounded
-    from shardfeed.cache.simulate import block_window, plan_accesses, simulate
+    from shardfeed.cache.planning.simulate import block_window, plan_accesses, simulate
+    from shardfeed.cache.storage.disk_blocks import block_size, empty_cache_bytes, rounded
     from shardfeed.shuffling.spec import Job, PlanSpec
     from shardfeed.tools.bench.throttled_http import ThrottledServer
 

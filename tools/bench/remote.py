@@ -74,7 +74,7 @@ def write_dataset(root: str, samples: int, payload: int) -> None:
 
 
 def _shardfeed(url, cache_dir, limit, epochs, batch, compute_s, srv, whole_only: bool, workers: int = 0):
-    from shardfeed.cache import ranged_reads
+    from shardfeed.cache.readers import ranged_reads
     from shardfeed.loader import Loader, ShardDataset
 
     was = ranged_reads.ENABLED

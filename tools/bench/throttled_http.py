@@ -27,7 +27,7 @@ import time
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from shardfeed.cache.range_server import resolve, start_range_reply
+from shardfeed.tools.range_server import resolve, start_range_reply
 
 _CHUNK = 64 << 10
 FAULTS = ("500", "503", "reset", "stall", "trickle")

@@ -164,7 +164,7 @@ def check_options(args) -> None:
 
 
 def is_url(source: str) -> bool:
-    from shardfeed.cache.sources import scheme_of
+    from shardfeed.cache.fetching.url_sources import scheme_of
 
     return scheme_of(source) not in ("", "file")  # "pipe:cmd" too: refused by check_url
 

@@ -12,7 +12,7 @@ import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from shardfeed.cache.range_server import resolve, start_range_reply
+from shardfeed.tools.range_server import resolve, start_range_reply
 
 
 class _Handler(BaseHTTPRequestHandler):

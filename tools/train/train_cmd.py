@@ -94,7 +94,7 @@ def _check(args) -> str | None:
         check_options(args)
         for source, follow in ((args.data, args.follow), (args.eval_data, False)):
             if source and is_url(source):  # a URL's index comes through the cache, inside the ranks
-                from shardfeed.cache.sources import check_url
+                from shardfeed.cache.fetching.url_sources import check_url
 
                 check_url(source)
             elif source:

@@ -34,10 +34,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import xxhash
 
-from shardfeed.cache.budget import unlink_quiet
-from shardfeed.cache.fetch import with_retries
-from shardfeed.cache.sources import open_source, scheme_of
-from shardfeed.cache.store import ShardCache, ShardRef
+from shardfeed.cache.fetching.fetch import with_retries
+from shardfeed.cache.fetching.url_sources import open_source, scheme_of
+from shardfeed.cache.storage.budget import unlink_quiet
+from shardfeed.cache.storage.store import ShardCache, ShardRef
 from shardfeed.formats import ShardError, open_index
 from shardfeed.formats.commit_log import base_log_seq
 from shardfeed.formats.index import INDEX_NAME, LOG_DIR, DatasetIndex
@@ -134,7 +134,7 @@ def _disk_error(url: str, path: str, e: OSError) -> ShardError:
 
 
 def _known(dest: str):
-    from shardfeed.cache.http_source import Identity
+    from shardfeed.cache.fetching.http_source import Identity
 
     try:
         size, etag, modified = json.loads(os.getxattr(dest, _VERSION_XATTR))
@@ -240,7 +240,7 @@ class RemoteDataset:
         return f"{self.url}/{self.index.names[i]}"
 
     def ref(self, i: int) -> ShardRef:
-        from shardfeed.cache.reads import index_version
+        from shardfeed.cache.readers.reads import index_version
 
         info = self.index.shard(i)
         return ShardRef(self.url_of(i), info.hash or None, info.bytes, None if info.hash else index_version(self.index))
@@ -301,7 +301,7 @@ def open_remote_index(url: str, cache_dir: str | None = None, limit_bytes: int |
     mirrored into the node-local cache at ``cache_dir`` (default: as
     ShardDataset, ``$SHARDFEED_CACHE_DIR`` else ``<tmp>/shardfeed-cache-<uid>``)
     holding at most ``limit_bytes`` of shards (default: 80% of its disk)."""
-    from shardfeed.cache.reads import default_cache_dir, default_limit
+    from shardfeed.cache.readers.reads import default_cache_dir, default_limit
 
     url = str(url).rstrip("/")
     if scheme_of(url) in ("", "file"):

@@ -31,9 +31,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from shardfeed.cache.fetch import PREFETCH_COUNTERS, FetchOptions
-from shardfeed.cache.shard_access import ShardAccess
-from shardfeed.cache.store import ShardCache, ShardRef
+from shardfeed.cache.fetching.fetch import PREFETCH_COUNTERS, FetchOptions
+from shardfeed.cache.readers.shard_access import ShardAccess
+from shardfeed.cache.storage.store import ShardCache, ShardRef
 
 DEFAULT_DIR_ENV = "SHARDFEED_CACHE_DIR"
 _DISK_SHARE = 0.8
@@ -77,8 +77,10 @@ def entry_bytes(index):
     what the cache will hold."""
     import numpy as np
 
-    from shardfeed.cache.cost_model import BLOCK
-    from shardfeed.cache.cost_model import rounded_blocks_array as blocks  # the budget charges whole blocks
+    from shardfeed.cache.sample_ranges.cost_model import BLOCK
+    from shardfeed.cache.sample_ranges.cost_model import (
+        rounded_blocks_array as blocks,  # the budget charges whole blocks
+    )
 
     sizes = np.asarray(index.sizes, np.int64)
     tars = np.array([f.startswith("tar") and i not in index.tables for i, f in enumerate(index.formats)], bool)

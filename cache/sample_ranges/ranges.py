@@ -35,12 +35,12 @@ import time
 
 import numpy as np
 
-from shardfeed.cache.budget import SIDECAR, unlink_quiet
-from shardfeed.cache.consumed import Consumed
-from shardfeed.cache.fetch import Cancelled, with_retries
-from shardfeed.cache.locks import FileLock, acquire_timed, free_slots
-from shardfeed.cache.range_room import Leases, drain, requests
-from shardfeed.cache.sources import open_source
+from shardfeed.cache.fetching.fetch import Cancelled, with_retries
+from shardfeed.cache.fetching.url_sources import open_source
+from shardfeed.cache.sample_ranges.consumed import Consumed
+from shardfeed.cache.sample_ranges.range_room import Leases, drain, requests
+from shardfeed.cache.storage.budget import SIDECAR, unlink_quiet
+from shardfeed.cache.storage.locks import FileLock, acquire_timed, free_slots
 from shardfeed.formats import ShardError
 from shardfeed.formats.sidecar import read_sidecar, sample_checksum
 
@@ -398,7 +398,7 @@ def _read_upto(src, n: int, on_request=None) -> bytes:
     """Up to ``n`` bytes from the start of ``src`` in one request (a sidecar's size is not in the index);
     ``on_request()`` is told of a second one (a server that refuses a bounded GET of a larger object)."""
     if hasattr(src, "get_small"):  # http(s): one bounded GET of the whole object when it is at most n bytes
-        from shardfeed.cache.http_source import HttpError
+        from shardfeed.cache.fetching.http_source import HttpError
 
         try:
             return src.get_small(n)[1]

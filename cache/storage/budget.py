@@ -26,10 +26,10 @@ import os
 import time
 import uuid
 
-from shardfeed.cache.admission import ADMIT, admission_held
-from shardfeed.cache.disk_blocks import ATTR_MARK, block_size, on_disk, rounded, temp_bytes
-from shardfeed.cache.locks import FileLock
-from shardfeed.cache.lookahead import victim_order
+from shardfeed.cache.storage.admission import ADMIT, admission_held
+from shardfeed.cache.storage.disk_blocks import ATTR_MARK, block_size, on_disk, rounded, temp_bytes
+from shardfeed.cache.storage.eviction import victim_order
+from shardfeed.cache.storage.locks import FileLock
 from shardfeed.formats import ShardError
 
 SIDECAR = ".idx"

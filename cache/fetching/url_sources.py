@@ -109,7 +109,7 @@ class FsspecSource(Source):
 
     def stat(self):
         """The object's Identity (size, ETag, Last-Modified), asked afresh."""
-        from shardfeed.cache.http_source import Identity
+        from shardfeed.cache.fetching.http_source import Identity
 
         self.fs.invalidate_cache(self.path)
         info = self.fs.info(self.path)
@@ -221,7 +221,7 @@ def open_source(url: str, storage_options: dict | None = None, stall_s: float = 
     if scheme in ("", "file"):
         return LocalSource(url)
     if scheme in ("http", "https"):
-        from shardfeed.cache.http_source import HttpSource
+        from shardfeed.cache.fetching.http_source import HttpSource
 
         return HttpSource(url, stall_s, min_rate, (storage_options or {}).get("headers"))
     import fsspec

@@ -33,7 +33,7 @@ from enum import Enum
 
 import numpy as np
 
-from shardfeed.cache.cost_model import mean_span
+from shardfeed.cache.sample_ranges.cost_model import mean_span
 from shardfeed.formats.compiler.jit import njit
 
 MAX_ACCESSES = 1 << 27  # runs one simulation may hold (1 GiB of int64): bounds memory and time

@@ -17,8 +17,8 @@ import os
 import time
 import uuid
 
-from shardfeed.cache.disk_blocks import rounded
-from shardfeed.cache.locks import FileLock
+from shardfeed.cache.storage.disk_blocks import rounded
+from shardfeed.cache.storage.locks import FileLock
 from shardfeed.formats.staging import pid_alive
 
 ADMIT = ".tmp-admit-"  # a placeholder holding room for a whole shard admitted, until its fetch starts

@@ -21,7 +21,7 @@ import json
 import os
 import uuid
 
-from shardfeed.cache.locks import FileLock
+from shardfeed.cache.storage.locks import FileLock
 
 
 class SharedLookahead:

@@ -26,9 +26,9 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from shardfeed.cache.budget import NoRoom
-from shardfeed.cache.fetch import Cancelled
-from shardfeed.cache.store import ShardCache
+from shardfeed.cache.fetching.fetch import Cancelled
+from shardfeed.cache.storage.budget import NoRoom
+from shardfeed.cache.storage.store import ShardCache
 
 
 class PlanPrefetcher:
@@ -253,7 +253,7 @@ class SamplePrefetcher(PlanPrefetcher):
         return local[new], steps[new]
 
     def _run(self) -> None:
-        from shardfeed.cache.ranges import partial_key
+        from shardfeed.cache.sample_ranges.ranges import partial_key
 
         seen = 0
         while (moved := self._moved_since(seen)) is not None:

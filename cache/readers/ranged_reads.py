@@ -37,12 +37,12 @@ import time
 
 import numpy as np
 
-from shardfeed.cache import cost_model as cm
-from shardfeed.cache.cost_model import RANGE_MIN_SAMPLE_BYTES, CostModel, range_reserve, range_working
-from shardfeed.cache.late_ranges import ensure_all
-from shardfeed.cache.ranges import RangeFetcher, coalesce, spans
-from shardfeed.cache.reads import CachedShards
-from shardfeed.cache.store import ShardRef
+from shardfeed.cache.readers.reads import CachedShards
+from shardfeed.cache.sample_ranges import cost_model as cm
+from shardfeed.cache.sample_ranges.cost_model import RANGE_MIN_SAMPLE_BYTES, CostModel, range_reserve, range_working
+from shardfeed.cache.sample_ranges.late_ranges import ensure_all
+from shardfeed.cache.sample_ranges.ranges import RangeFetcher, coalesce, spans
+from shardfeed.cache.storage.store import ShardRef
 
 WHOLE, RANGES = "whole", "ranges"
 # SHARDFEED_CACHE_RANGES: "0" whole shards only, "1" ranges whatever the sample size, unset: use_ranges decides
@@ -135,7 +135,7 @@ class RangePolicy:
         """Most bytes the node's ranges hold pinned at once (cost_model.range_working), ``readers``
         being every reader of the node and ``ranks`` its ranks (each with a prefetcher); kept
         free of whole shards from now on (the reserve), with the bytes eviction cannot free."""
-        from shardfeed.cache.reads import entry_bytes
+        from shardfeed.cache.readers.reads import entry_bytes
 
         sizes = np.asarray(index.sizes, np.int64)
         side = int((entry_bytes(index) - sizes).max()) if len(index) else 0
@@ -166,7 +166,7 @@ class RangePolicy:
         with _mu:
             p = _policies.get(key)
             if p is None or p.cache is not cache:
-                from shardfeed.cache.reads import entry_bytes
+                from shardfeed.cache.readers.reads import entry_bytes
 
                 sizes = np.asarray(index.sizes, np.int64)
                 blocks = int(cm.rounded_blocks_array(sizes).sum())
@@ -212,7 +212,7 @@ class RangePolicy:
 
     def _claim(self, ref: ShardRef, size: int, pending: int) -> bool:
         """Admit a whole shard for good, its room held (admission.claim)."""
-        from shardfeed.cache.admission import claim
+        from shardfeed.cache.storage.admission import claim
 
         key = self.cache.key_for(ref.url, ref.hash, ref.version)
         ok, used = claim(self.cache, key, size, self.sidecar_share, self.cache.limit_bytes - pending - self.reserve)

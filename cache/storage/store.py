@@ -39,11 +39,11 @@ from dataclasses import dataclass
 
 import xxhash
 
-from shardfeed.cache.budget import NO_SIDECAR, SIDECAR, Budget, CacheLimitError, unlink_quiet
-from shardfeed.cache.fetch import PREFETCH_COUNTERS, FetchOptions, fetch_to_fd, with_retries
-from shardfeed.cache.locks import FileLock, acquire_timed
-from shardfeed.cache.lookahead import SharedLookahead
-from shardfeed.cache.sources import open_source
+from shardfeed.cache.fetching.fetch import PREFETCH_COUNTERS, FetchOptions, fetch_to_fd, with_retries
+from shardfeed.cache.fetching.url_sources import open_source
+from shardfeed.cache.storage.budget import NO_SIDECAR, SIDECAR, Budget, CacheLimitError, unlink_quiet
+from shardfeed.cache.storage.eviction import SharedLookahead
+from shardfeed.cache.storage.locks import FileLock, acquire_timed
 from shardfeed.formats import ShardError
 from shardfeed.formats.readers import hash_file
 

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from hashlib import sha1
 from urllib.parse import urljoin, urlsplit
 
-from shardfeed.cache.sources import Source
+from shardfeed.cache.fetching.url_sources import Source
 
 CHUNK = 256 << 10
 _RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")

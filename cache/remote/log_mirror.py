@@ -37,8 +37,8 @@ import os
 import threading
 import time
 
-from shardfeed.cache.fetch import is_retryable
-from shardfeed.cache.remote_index import (
+from shardfeed.cache.fetching.fetch import is_retryable
+from shardfeed.cache.remote.remote_index import (
     _MAX_LOG_ENTRY,
     _SEQ_RE,
     LOG_FETCHES,
@@ -47,7 +47,7 @@ from shardfeed.cache.remote_index import (
     fetch_together,
     mirror_folder,
 )
-from shardfeed.cache.store import ShardCache
+from shardfeed.cache.storage.store import ShardCache
 from shardfeed.formats import ShardError
 from shardfeed.formats.commit_log import END, base_log_seq, check_no_holes
 from shardfeed.formats.index import INDEX_NAME, LOG_DIR

@@ -15,8 +15,8 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from shardfeed.cache.budget import unlink_quiet
-from shardfeed.cache.locks import FileLock
+from shardfeed.cache.storage.budget import unlink_quiet
+from shardfeed.cache.storage.locks import FileLock
 
 RANGE_REQUESTS = 64  # range GETs in flight at once per process: each mostly waits a round trip, not bandwidth
 _pool: tuple[int, ThreadPoolExecutor] | None = None  # (pid, pool): a forked worker makes its own
@@ -110,7 +110,7 @@ class Leases:
             return lease
 
     def _take_lease(self, url: str, nbytes: int, headroom: int, for_step: int | None) -> _Lease | None:
-        from shardfeed.cache.budget import NoRoom
+        from shardfeed.cache.storage.budget import NoRoom
 
         limit = self.cache.limit_bytes
         if LEASE_BYTES * 16 > limit:

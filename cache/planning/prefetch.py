@@ -16,8 +16,8 @@ from __future__ import annotations
 import contextlib
 import threading
 
-from shardfeed.cache.fetch import Cancelled
-from shardfeed.cache.store import ShardCache, ShardRef
+from shardfeed.cache.fetching.fetch import Cancelled
+from shardfeed.cache.storage.store import ShardCache, ShardRef
 
 
 def _ref(item) -> ShardRef:

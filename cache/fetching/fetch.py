@@ -31,7 +31,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from shardfeed.cache.sources import Source
+from shardfeed.cache.fetching.url_sources import Source
 from shardfeed.formats import ShardError
 
 
@@ -83,7 +83,7 @@ class Cancelled(Exception):
 
 
 def is_retryable(err: BaseException) -> bool:
-    from shardfeed.cache.http_source import Changed, Deadline
+    from shardfeed.cache.fetching.http_source import Changed, Deadline
 
     if isinstance(err, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError,
                         ShardError, Cancelled, Changed, Deadline)):

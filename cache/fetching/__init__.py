@@ -1,0 +1,1 @@
+"""Fetching from sources: the URL-scheme sources, the HTTP client, and the ranged download with retries."""

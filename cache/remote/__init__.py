@@ -1,0 +1,1 @@
+"""Remote datasets: the index mirrored into the cache folder and the commit log followed into it."""
