@@ -122,7 +122,7 @@ class Mixture(_placement.Placed):
         by_weight, by_count = stages(weights, "weights"), stages(counts, "counts")
         if by_weight is None and by_count is None:
             by_weight = stages(self.sizes, "weights")
-        self.mixing = MixtureCounts(self.names, by_weight, by_count, self.epoch_samples, epoch_steps)
+        self.mixing = MixtureCounts(tuple(self.names), by_weight, by_count, self.epoch_samples, epoch_steps)
         self.decode, self.transform, self.read_mode = bool(decode), transform, read_mode
         self.drop_last = bool(drop_last)
         self.on_error = on_error
@@ -141,7 +141,8 @@ class Mixture(_placement.Placed):
     # -- topology and epochs ------------------------------------------
     # -- counts (shuffling.mixture_counts) -----------------------------------
     def counts_at(self, epoch: int) -> list[int]:
-        """Samples of each source in ``epoch`` (exact, the same on every rank and run)."""
+        """Samples of each source in ``epoch`` (exact, the same on every rank and run). With
+        epoch_steps they depend on the reading job's batch size: its Loader's feed knows them."""
         return self.mixing.at(epoch)
 
     def weights_at(self, epoch: int) -> list:
@@ -186,12 +187,7 @@ class Mixture(_placement.Placed):
         t = self.topology
         if self.stream is not None:
             return MixtureStreamFeed(self, schedule, t.rank, t.world_size, t.ranks_per_node)
-        feed = MixtureFeed(self, schedule, t.rank, t.world_size, t.ranks_per_node, epoch=self.epoch)
-        if self.epoch_steps is not None:
-            self.mixing.global_batch = lambda epoch: sum(feed.job(epoch).batch_sizes)
-            self.mixing.clear()
-            self.mixing.at(self.epoch)
-        return feed
+        return MixtureFeed(self, schedule, t.rank, t.world_size, t.ranks_per_node, epoch=self.epoch)
 
     def maker(self, collate_fn: Callable | None = None, decode: bool | None = None) -> BatchMaker:
         maker = BatchMaker(self.index, decode=self.decode if decode is None else decode, transform=self.transform,
@@ -232,5 +228,7 @@ class Mixture(_placement.Placed):
 
     def __repr__(self) -> str:
         what = (f"weights={self.weights_at(0)}, follows source {self.stream}" if self.stream is not None
+                else f"epoch_steps={self.epoch_steps}, weights(epoch {self.epoch})={self.weights_at(self.epoch)}"
+                if self.epoch_steps is not None  # the counts are its Loaders' (they depend on the batch size)
                 else f"counts(epoch {self.epoch})={self.counts_at(self.epoch)}")
         return f"Mixture({self.names!r}, {what}, rank={self.rank}/{self.world_size})"

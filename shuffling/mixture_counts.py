@@ -1,15 +1,19 @@
 """A mixture's counts per epoch: weights or counts (or a curriculum of them) -> exact ints.
 
 Counts are a pure function of the epoch (largest-remainder apportionment of
-the epoch's length by the weights), so every rank and a resumed run take the
-same; ``starts_at`` sums the earlier epochs' counts (where each source's
-own stream stands at an epoch's start).
+the epoch's length by the weights) and, with ``epoch_steps``, of the global
+batch of the job reading it, so every rank and a resumed run take the same;
+``starts_from`` sums the earlier epochs' counts (where each source's own
+stream stands at an epoch's start). A ``MixtureCounts`` is a frozen value:
+what a feed has taken from a saved state, and what it remembers of earlier
+epochs, is the feed's own (loader/feeds/mixture_epochs.py).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -42,30 +46,24 @@ def stages(value, name: str) -> Callable[[int], list] | None:
     return lambda epoch: value
 
 
+@dataclass(frozen=True)
 class MixtureCounts:
     """Samples of each of ``names``' sources per epoch (see the module docstring).
 
     weights / counts: per-epoch rules from ``stages`` (one of them). epoch_samples:
     the epoch's length with weights; epoch_steps: the length in steps instead,
-    ``epoch_steps * global_batch(epoch)`` once ``global_batch`` is set (a Loader's
-    job sets it)."""
+    ``epoch_steps * global_batch`` with the global batch of the job reading the
+    epoch (the caller passes it: one Mixture may be read by jobs of several sizes)."""
 
-    def __init__(self, names: list, weights: Callable | None, counts: Callable | None, epoch_samples: int,
-                 epoch_steps: int | None = None):
-        self.names, self.epoch_samples, self.epoch_steps = list(names), epoch_samples, epoch_steps
-        self.weights, self.counts = weights, counts
-        self.global_batch: Callable[[int], int] | None = None  # epoch -> G, for epoch_steps
-        self.clear()
+    names: tuple[str, ...]
+    weights: Callable | None
+    counts: Callable | None
+    epoch_samples: int
+    epoch_steps: int | None = None
 
-    def clear(self) -> None:
-        self._memo: dict[int, list[int]] = {}
-        self._starts: list[tuple[int, list[int]]] = [(0, [0] * len(self.names))]
-
-    def at(self, epoch: int) -> list[int]:
-        """Samples of each source in ``epoch`` (exact, the same on every rank and run)."""
-        got = self._memo.get(epoch)
-        if got is not None:
-            return got
+    def at(self, epoch: int, global_batch: int | None = None) -> list[int]:
+        """Samples of each source in ``epoch`` (exact, the same on every rank and run); with
+        epoch_steps, for a job of ``global_batch`` samples per step."""
         if self.counts is not None:
             raw = list(self.counts(epoch))
             what = "counts"
@@ -78,11 +76,10 @@ class MixtureCounts:
                 raise ValueError(f"counts of epoch {epoch} = {raw!r} must be whole numbers of samples")
             out = [int(v) for v in raw]
         else:
-            out = apportion(self._epoch_length(epoch), raw)
+            out = apportion(self.epoch_length(epoch, global_batch), raw)
         if sum(out) >= MAX_EPOCH_SAMPLES:
             raise ValueError(f"epoch {epoch} mixes {sum(out)} samples; at most {MAX_EPOCH_SAMPLES - 1} per epoch "
                              "(split it into shorter epochs)")
-        self._memo[epoch] = out
         return out
 
     def weights_at(self, epoch: int) -> list:
@@ -99,46 +96,33 @@ class MixtureCounts:
             why = (f"{what}[{bad[0]}]={raw[bad[0]]!r} is not a finite number >= 0" if bad and len(raw) == m
                    else f"{len(raw)} given" if len(raw) != m else "all are zero")
             raise ValueError(f"{what} of epoch {epoch} = {raw!r}: {why}; give one number >= 0 per source, "
-                             f"finite ({m} sources: {self.names}), not all zero")
+                             f"finite ({m} sources: {list(self.names)}), not all zero")
 
     def per_batch(self, G: int) -> list[int]:
         """A stream mixture's samples per source in each global batch of ``G``."""
         return apportion(G, self.weights_at(0))
 
-    def _epoch_length(self, epoch: int) -> int:
+    def epoch_length(self, epoch: int, global_batch: int | None = None) -> int:
         if self.epoch_steps is None:
             return self.epoch_samples
-        if self.global_batch is None:
+        if global_batch is None:
             raise TypeError(f"Mixture(epoch_steps={self.epoch_steps}): the epoch's samples depend on the batch "
-                            "size; create the Loader first (it sets the batch sizes), or give epoch_samples")
-        return self.epoch_steps * self.global_batch(epoch)
+                            "size of the Loader that reads it; ask the Loader (len(loader) is the epoch's steps), "
+                            "or give epoch_samples")
+        return self.epoch_steps * global_batch
 
     def split_of(self, epoch: int, total: int) -> list[int]:
         """The weights' split of ``total`` samples in ``epoch`` (what ``at`` gives for that length)."""
         return apportion(total, list(self.weights(epoch)))
 
-    def pin(self, epoch: int, counts: list[int], starts: list[int]) -> None:
-        """Take ``epoch``'s counts and start positions from a saved state (epoch_steps: a job of
-        another global batch size mixes what the saving job mixed, not what its own G gives)."""
-        self._memo = {epoch: list(counts)}
-        self._starts = [(epoch, list(starts))]
+    def total(self, epoch: int, global_batch: int | None = None) -> int:
+        return sum(self.at(epoch, global_batch))
 
-    def total(self, epoch: int) -> int:
-        return sum(self.at(epoch))
 
-    def starts_at(self, epoch: int) -> list[int]:
-        """Each source's stream position at the start of ``epoch`` (the counts of earlier epochs summed)."""
-        e, acc = self._starts[-1]
-        if e > epoch:
-            e, acc = self._starts[0]
-        if e > epoch:  # before a pinned epoch (epoch_steps resume): recount from the start
-            self._starts = [(0, [0] * len(self.names))]
-            e, acc = self._starts[0]
-        acc = list(acc)
-        while e < epoch:
-            acc = [a + c for a, c in zip(acc, self.at(e))]
-            e += 1
-        if e > self._starts[-1][0]:
-            self._starts.append((e, acc))
-            del self._starts[1:-1]
-        return acc
+def starts_from(counts_of: Callable[[int], list[int]], epoch: int, since: int, starts: list[int]) -> list[int]:
+    """Each source's stream position at the start of ``epoch``: ``starts`` (the positions at the start
+    of epoch ``since`` <= ``epoch``) plus the counts of the epochs between, ``counts_of(e)`` each."""
+    acc = list(starts)
+    for e in range(since, epoch):
+        acc = [a + c for a, c in zip(acc, counts_of(e))]
+    return acc

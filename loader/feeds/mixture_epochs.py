@@ -1,8 +1,9 @@
 """MixtureFeed: this rank's steps over several datasets mixed with exact counts.
 
 The contract of base.Feed; the arithmetic (interleave, MixturePlan) is in
-shuffling/mixture_plans.py, the counts in shuffling/mixture_counts.py. Everything is a pure function of (sources, counts, seed, epoch,
-job), so ranks agree without messages and resume is exact:
+shuffling/mixture_plans.py, the counts in shuffling/mixture_counts.py. Everything
+is a pure function of (sources, counts, seed, epoch, job), so ranks agree
+without messages and resume is exact:
 
 - Epoch ``e`` takes ``counts[i]`` samples of source ``i`` (loader/mixture.py
   apportions them). Source ``i`` is read as an endless stream: its own
@@ -13,6 +14,11 @@ job), so ranks agree without messages and resume is exact:
   is repeated (the next source-epoch has a fresh permutation); one with more
   is sub-sampled, and the next epoch continues where this one stopped, so
   every sample comes before any repeats.
+- The counts and start positions are the feed's own: computed for its job
+  (with ``epoch_steps`` an epoch's length depends on the global batch) and
+  remembered here, or pinned from a saved state whose job had another
+  global batch, so the rest of that epoch is exactly the saving job's rest.
+  The Mixture's ``MixtureCounts`` is a frozen value every feed reads alike.
 - The epoch's global stream interleaves the sources by Webster / Sainte-Lague
   apportionment, every prefix within +-1 item per source of its share, each
   position in closed form (shuffling/mixture_plans.py says how).
@@ -45,10 +51,12 @@ from shardfeed.loader.state_checks import (
     check_same_data,
     out_of_range,
 )
+from shardfeed.shuffling.mixture_counts import starts_from
 from shardfeed.shuffling.mixture_plans import MixturePlan
 from shardfeed.shuffling.stream_plans import StreamPlan
 
 _LOOKAHEAD_STEPS = 4096
+_COUNTS_KEPT = 16  # epochs whose counts a feed remembers (a resumed or stepping feed asks about two or three)
 
 
 class MixtureFeed(Feed):
@@ -65,12 +73,52 @@ class MixtureFeed(Feed):
         self.drop_last = mixture.drop_last
         self.epoch, self.step, self.base, self.base_step = int(epoch), 0, 0, 0
         self._plan: tuple | None = None
+        # (epoch, counts, starts) taken from a saved state whose job's global batch sized that epoch
+        # otherwise (epoch_steps); later epochs' starts follow from it
+        self._pinned: tuple[int, list[int], list[int]] | None = None
+        self._counts: dict[int, tuple[list[int], list[int]]] = {}  # epoch -> (counts, starts), this feed's
         self.job(self.epoch)
+        self.counts(self.epoch)  # a bad weight or length fails when the Loader is made
+
+    # -- counts -------------------------------------------------------------
+    def _global_batch(self, epoch: int) -> int | None:
+        return sum(self.job(epoch).batch_sizes) if self.mixture.mixing.epoch_steps is not None else None
+
+    def _count_of(self, epoch: int) -> list[int]:
+        return self.mixture.mixing.at(epoch, self._global_batch(epoch))
+
+    def counts(self, epoch: int | None = None) -> tuple[list[int], list[int]]:
+        """(samples of each source in ``epoch``, each source's stream position at its start) for
+        this feed's job: the pinned ones for a pinned epoch, later epochs counted on from them."""
+        epoch = self.epoch if epoch is None else epoch
+        got = self._counts.get(epoch)
+        if got is None:
+            known = dict(self._counts)
+            if self._pinned is not None:
+                known[self._pinned[0]] = (self._pinned[1], self._pinned[2])
+            if epoch in known:
+                got = known[epoch]
+            else:
+                below = max((e for e in known if e < epoch), default=None)
+                since, starts = (0, [0] * len(self.mixture.names)) if below is None else (
+                    below + 1, [a + c for a, c in zip(known[below][1], known[below][0])])
+                got = (self._count_of(epoch), starts_from(self._count_of, epoch, since, starts))
+            if len(self._counts) >= _COUNTS_KEPT:
+                del self._counts[next(iter(self._counts))]
+            self._counts[epoch] = got
+        return got
+
+    def _total(self, epoch: int) -> int:
+        return sum(self.counts(epoch)[0])
+
+    def _pin(self, pinned: tuple[int, list[int], list[int]] | None) -> None:
+        if pinned != self._pinned:
+            self._pinned, self._counts, self._plan = pinned, {}, None
 
     # -- plans ------------------------------------------------------------
     def _split(self, epoch: int, base: int, sizes) -> tuple[int, int]:
         """(full global batches, tail samples) of the rest of ``epoch`` after ``base``."""
-        left = self.mixture.mixing.total(epoch) - base
+        left = self._total(epoch) - base
         G = sum(sizes)
         full, tail = divmod(left, G)
         return full, (0 if self.drop_last else tail)
@@ -84,7 +132,8 @@ class MixtureFeed(Feed):
             full, tail = self._split(epoch, base, sizes)
             deal = StreamPlan(base, sizes, self.rank, 0, False, full, tail)
             mx = self.mixture
-            self._plan = (key, MixturePlan(mx.specs(), mx.offsets(), mx.mixing.at(epoch), mx.mixing.starts_at(epoch), deal))
+            counts, starts = self.counts(epoch)
+            self._plan = (key, MixturePlan(mx.specs(), mx.offsets(), counts, starts, deal))
         return self._plan[1]
 
     def steps(self, epoch: int | None = None, history=None) -> int:
@@ -129,15 +178,15 @@ class MixtureFeed(Feed):
     def consumed(self) -> int:
         """Positions of the epoch's stream all ranks have taken."""
         G = sum(self.job().batch_sizes)
-        return min(self.mixture.mixing.total(self.epoch), self.base + (self.step - self.base_step) * G)
+        return min(self._total(self.epoch), self.base + (self.step - self.base_step) * G)
 
     def get_state(self) -> dict:
         job = self.job()
+        counts, starts = self.counts(self.epoch)
         return {"version": STATE_VERSION, "kind": self.kind, "epoch": self.epoch, "step": self.step,
                 "base": self.base, "base_step": self.base_step, "world_size": job.world_size,
-                "batch_sizes": list(job.batch_sizes), "counts": list(self.mixture.mixing.at(self.epoch)),
-                "starts": list(self.mixture.mixing.starts_at(self.epoch)), "dataset": dict(self.fingerprint),
-                "data": dict(self.identity)}
+                "batch_sizes": list(job.batch_sizes), "counts": list(counts), "starts": list(starts),
+                "dataset": dict(self.fingerprint), "data": dict(self.identity)}
 
     def _start(self) -> None:
         self.step, self.base, self.base_step = 0, 0, 0
@@ -146,15 +195,20 @@ class MixtureFeed(Feed):
         s = check_state(state, self.fingerprint, self.identity, len(self.mixture.sources))
         epoch = s["epoch"]
         mixing = self.mixture.mixing
-        if mixing.epoch_steps is not None and s["counts"] != mixing.at(epoch) and "starts" in s:
-            # epoch_steps: the saving job's global batch sized this epoch; keep its counts and
-            # positions (checked against the weights), so the rest of the epoch is exactly its rest
-            if mixing.counts is None and s["counts"] != mixing.split_of(epoch, sum(s["counts"])):
-                raise ValueError(f"state's epoch {epoch} mixes counts {s['counts']}, not the weights' split of "
-                                 f"{sum(s['counts'])} samples; resume with the same weights")
-            mixing.pin(epoch, s["counts"], s["starts"])
-            self._plan = None
-        counts = list(mixing.at(epoch))
+        pinned, (counts, starts) = self._pinned, self.counts(epoch)
+        if mixing.epoch_steps is not None and "starts" in s and [s["counts"], s["starts"]] != [counts, starts]:
+            # epoch_steps: the saving job's global batch sized this epoch (or an earlier one its
+            # starts count on from); keep its counts and positions (checked against the weights), so
+            # the rest of the epoch is exactly its rest. Only this feed takes them: another feed
+            # over the same Mixture counts for its own job.
+            counts = self._count_of(epoch)
+            if [s["counts"], s["starts"]] == [counts, starts_from(self._count_of, epoch, 0, [0] * len(counts))]:
+                pinned = None
+            else:
+                if mixing.counts is None and s["counts"] != mixing.split_of(epoch, sum(s["counts"])):
+                    raise ValueError(f"state's epoch {epoch} mixes counts {s['counts']}, not the weights' split of "
+                                     f"{sum(s['counts'])} samples; resume with the same weights")
+                pinned, counts = (epoch, list(s["counts"]), list(s["starts"])), list(s["counts"])
         if s["counts"] != counts:
             raise ValueError(f"state's epoch {epoch} mixes counts {s['counts']} but this Mixture gives {counts} "
                              "(weights, counts or epoch_samples changed); resume with the same mixture settings")
@@ -166,6 +220,7 @@ class MixtureFeed(Feed):
         if not s["base_step"] <= s["step"] <= hi:
             raise out_of_range("step", s["step"], s["base_step"], hi, f"epoch {epoch} of the saved job "
                                f"({total} mixed samples, global batch {G_old}, from position {s['base']})")
+        self._pin(pinned)  # a refused state leaves the feed as it was
         return s
 
     def _restore(self, s: dict) -> None:
@@ -174,7 +229,7 @@ class MixtureFeed(Feed):
     def _rejob(self, s: dict) -> None:
         """Another job: it deals what the saved one had not consumed."""
         epoch, G_old = s["epoch"], sum(s["batch_sizes"])
-        consumed = min(self.mixture.mixing.total(epoch), s["base"] + (s["step"] - s["base_step"]) * G_old)
+        consumed = min(self._total(epoch), s["base"] + (s["step"] - s["base_step"]) * G_old)
         self.epoch, self.step, self.base, self.base_step = epoch, s["step"], consumed, s["step"]
 
     def lookahead(self, k: int, epochs: int = 2) -> list[Upcoming]:

@@ -228,7 +228,7 @@ def test_epoch_steps_sets_the_epoch_length_in_steps(sources):
             assert [got[f"s{j}"] for j in range(3)] == apportion(56, [0.5, 0.3, 0.2])
     with pytest.raises(ValueError, match="epoch length once"):
         Mixture(sources, weights=[1, 1, 1], epoch_steps=3, epoch_samples=10)
-    with pytest.raises(TypeError, match="create the Loader first"):
+    with pytest.raises(TypeError, match="depend on the batch size of the Loader"):
         len(Mixture(sources, epoch_steps=3))
 
 
@@ -253,3 +253,48 @@ def test_epoch_steps_elastic_resume_keeps_the_saving_jobs_epoch(sources):
     assert got == collections.Counter(k for ks in whole for k in ks)
     for L in two:
         L.close()
+
+
+def test_loaders_over_one_epoch_steps_mixture_each_count_for_their_own_job(sources):
+    """Regression: the Mixture's counts were one mutable memo that each new feed pointed at its own
+    global batch and cleared, so a second Loader (or unbatched_plan's feed) over the same Mixture
+    re-sized the first Loader's epochs (5 steps of 4 became 10) and dropped the counts it had pinned
+    from a saved state of another job. Each feed now owns its counts; MixtureCounts is a frozen value."""
+    def mixture(r, w):
+        return Mixture(sources, weights=[2, 1, 1], epoch_steps=5, seed=6, rank=r, world_size=w)
+
+    mx = mixture(0, 1)
+    with Loader(mx, 4) as small, Loader(mx, 8) as large:
+        mx.unbatched_plan()  # a third feed over the same Mixture (workers warm with one)
+        assert (len(small), len(large)) == (5, 5)
+        assert [len(b["__key__"]) for b in small] == [4] * 5
+        assert [len(b["__key__"]) for b in large] == [8] * 5
+        assert small.state_dict()["feed"]["counts"] == apportion(20, [2, 1, 1])
+        assert large.state_dict()["feed"]["counts"] == apportion(40, [2, 1, 1])
+
+    # a state of 2 ranks x 4 (an epoch of 40 samples) after 2 steps, resumed on 1 rank x 4: the
+    # resumed feed pins the saving job's counts; a Loader made after it over the same Mixture reads
+    # epochs of its own job (20 samples) and leaves that pin alone
+    two = [Loader(mixture(r, 2), 4) for r in range(2)]
+    before, _ = step_together(two, steps=2)
+    state = two[0].state_dict()
+    for L in two:
+        L.close()
+    with Loader(mixture(0, 2), 4) as a, Loader(mixture(1, 2), 4) as b:
+        whole, _ = step_together([a, b])
+    mx = mixture(0, 1)
+    with Loader(mx, 4) as resumed:
+        resumed.load_state_dict(state)
+        it = iter(resumed)
+        rest = [next(it)]
+        with Loader(mx, 4) as fresh:
+            assert [len(b["__key__"]) for b in fresh] == [4] * 5
+        mid = resumed.state_dict()
+        assert (mid["feed"]["counts"], mid["feed"]["starts"]) == (state["feed"]["counts"], state["feed"]["starts"])
+        rest += list(it)
+    assert len(rest) == 6
+    with Loader(mixture(0, 1), 4) as again:  # and the state saved after the other Loader came resumes too
+        again.load_state_dict(mid)
+        assert keys_of(list(again)) == keys_of(rest[1:])
+    got = collections.Counter(k for ks in before for k in ks) + collections.Counter(keys_of(rest))
+    assert got == collections.Counter(k for ks in whole for k in ks)
