@@ -255,6 +255,33 @@ def test_epoch_steps_elastic_resume_keeps_the_saving_jobs_epoch(sources):
         L.close()
 
 
+def test_epoch_steps_state_after_an_elastic_epoch_resumes_where_its_sources_stand(sources):
+    """A job resumed at another global batch finishes the saving job's epoch 0 (40 samples), then
+    takes epochs of its own (20); a state saved in its epoch 1 carries where each source's stream
+    stands (after 40, not 20, samples of epoch 0). Resumed in a fresh Loader it continues from there
+    (before, the starts were counted anew from epoch 0 at the new global batch: other samples)."""
+    def mixture(r, w):
+        return Mixture(sources, weights=[2, 1, 1], epoch_steps=5, seed=6, rank=r, world_size=w)
+
+    two = [Loader(mixture(r, 2), 4) for r in range(2)]
+    step_together(two, steps=2)
+    state = two[0].state_dict()
+    for L in two:
+        L.close()
+    with Loader(mixture(0, 1), 4) as one:
+        one.load_state_dict(state)
+        assert len(list(one)) == 6
+        it = iter(one)
+        [next(it) for _ in range(2)]
+        saved = one.state_dict()
+        rest = keys_of(list(it))
+    assert saved["feed"]["epoch"] == 1 and len(rest) == 12
+    assert saved["feed"]["starts"] == [a + c for a, c in zip(state["feed"]["starts"], state["feed"]["counts"])]
+    with Loader(mixture(0, 1), 4) as fresh:
+        fresh.load_state_dict(saved)
+        assert keys_of(list(fresh)) == rest
+
+
 def test_loaders_over_one_epoch_steps_mixture_each_count_for_their_own_job(sources):
     """Regression: the Mixture's counts were one mutable memo that each new feed pointed at its own
     global batch and cleared, so a second Loader (or unbatched_plan's feed) over the same Mixture
