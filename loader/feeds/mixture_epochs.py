@@ -1,4 +1,4 @@
-"""MixtureFeed: this rank's steps over several datasets mixed with exact counts.
+"""MixtureFeed: this rank's steps over the epochs of several fixed datasets mixed with exact counts.
 
 The contract of base.Feed; the arithmetic (interleave, MixturePlan) is in
 shuffling/mixture_plans.py, the counts in shuffling/mixture_counts.py. Everything

@@ -1,4 +1,5 @@
-"""Convert's inputs: each source is a numbered list of samples read by id.
+"""Convert's inputs by kind: which kind SRC holds, opened as a source (image folders and shards here,
+tables in table_sources.py); each source is a numbered list of samples read by id.
 
 Every source numbers its samples 0..n-1 in a fixed order (files sorted by
 name, rows in file order) and reads any batch of ids, so the converter can
@@ -6,7 +7,7 @@ shuffle (a permutation of ids) and split the work into parts without the
 source knowing. Sources are pickled to worker processes: open files live
 in a small per-process cache dropped on pickling.
 
-Kinds (``detect_source``): ``images`` (a folder of class subfolders),
+Kinds (``open_source``): ``images`` (a folder of class subfolders),
 ``jsonl``, ``csv``, ``parquet`` (files, a folder of them or a glob),
 ``tar`` (WebDataset tars: .tar, .tar.gz/.tgz, .tar.zst) and ``dataset``
 (a shardfeed dataset folder with an index, any shard format).
