@@ -282,6 +282,28 @@ def test_epoch_steps_state_after_an_elastic_epoch_resumes_where_its_sources_stan
         assert keys_of(list(fresh)) == rest
 
 
+def test_a_refused_epoch_steps_state_leaves_the_feed_where_it_was(sources):
+    """A state whose counts are a valid split but whose step lies outside its epoch is refused, and
+    the feed keeps the counts it had pinned (before, the refused state's counts were pinned first)."""
+    from shardfeed.loader.schedule import BatchSchedule
+
+    def mixture(r, w):
+        return Mixture(sources, weights=[2, 1, 1], epoch_steps=5, seed=6, rank=r, world_size=w)
+
+    two = [Loader(mixture(r, 2), 4) for r in range(2)]
+    step_together(two, steps=2)
+    state = two[0].state_dict()["feed"]
+    for L in two:
+        L.close()
+    feed = mixture(0, 1).feed(BatchSchedule.of(4))
+    feed.reset(state)
+    kept = feed.get_state()
+    bad = {**state, "counts": apportion(24, [2, 1, 1]), "step": 99}
+    with pytest.raises(ValueError, match="step"):
+        feed.reset(bad)
+    assert feed.get_state() == kept and (kept["counts"], kept["starts"]) == (state["counts"], state["starts"])
+
+
 def test_loaders_over_one_epoch_steps_mixture_each_count_for_their_own_job(sources):
     """Regression: the Mixture's counts were one mutable memo that each new feed pointed at its own
     global batch and cleared, so a second Loader (or unbatched_plan's feed) over the same Mixture
