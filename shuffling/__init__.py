@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from shardfeed.formats.lazy import exports
 
 if TYPE_CHECKING:  # what the names are, for type checkers; at run time each is imported on first use
+    from shardfeed.shuffling.balance_proposal import propose_batch_sizes
     from shardfeed.shuffling.elastic import replan
     from shardfeed.shuffling.ids import offsets_of, shard_of
     from shardfeed.shuffling.keys import derive_key, epoch_key
@@ -20,6 +21,7 @@ if TYPE_CHECKING:  # what the names are, for type checkers; at run time each is 
 
 # public name -> the submodule that defines it (formats/lazy.py: nothing is imported until asked for)
 _EXPORTS = {
+    "propose_batch_sizes": "balance_proposal",
     "replan": "elastic",
     "offsets_of": "ids",
     "shard_of": "ids",
@@ -34,6 +36,7 @@ _EXPORTS = {
 __getattr__, __dir__ = exports(__name__, _EXPORTS)
 
 __all__ = [
+    "propose_batch_sizes",
     "EpochPlan",
     "Order",
     "Permutation",
