@@ -2,7 +2,7 @@
 
 from typing import TYPE_CHECKING
 
-from shardfeed.formats.lazy import exports
+from shardfeed.formats.base.lazy import exports
 
 if TYPE_CHECKING:  # what the names are, for type checkers; at run time each is imported on first use
     from shardfeed.formats.codecs import codec_of, decode_field, encode_field
@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # what the names are, for type checkers; at run time each is 
     from shardfeed.formats.sources import expand_braces, expand_source
     from shardfeed.formats.writer import ShardWriter
 
-# public name -> the submodule that defines it (formats/lazy.py: nothing is imported until asked for)
+# public name -> the submodule that defines it (formats/base/lazy.py: nothing is imported until asked for)
 _EXPORTS = {
     "codec_of": "codecs",
     "decode_field": "codecs",

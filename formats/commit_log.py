@@ -28,6 +28,7 @@ import re
 
 import numpy as np
 
+from shardfeed.formats.base.records import SlotRecord
 from shardfeed.formats.errors import ShardError
 from shardfeed.formats.files import open_regular
 from shardfeed.formats.index import (
@@ -41,7 +42,6 @@ from shardfeed.formats.index import (
     check_shard_name,
     check_unique_names,
 )
-from shardfeed.formats.records import SlotRecord
 
 _SEQ_RE = re.compile(r"^(\d{12})\.json$")
 END = "end"

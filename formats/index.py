@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from shardfeed.formats.base.lazy import lazy_module
 from shardfeed.formats.errors import ShardError
 from shardfeed.formats.index_seal import UNSEALED, check_seal, seal
-from shardfeed.formats.lazy import lazy_module
 from shardfeed.formats.sidecar import decode_dictionary, fixed_width_values, table_digest
 from shardfeed.formats.sources import ShardPath, expand_source, is_pattern
 

@@ -15,11 +15,11 @@ import os
 import numpy as np
 import xxhash
 
+from shardfeed.formats.base.lazy import lazy_module
+from shardfeed.formats.base.records import SlotRecord
 from shardfeed.formats.errors import ShardError
 from shardfeed.formats.files import check_regular, open_regular
 from shardfeed.formats.key_blob import Keys
-from shardfeed.formats.lazy import lazy_module
-from shardfeed.formats.records import SlotRecord
 from shardfeed.formats.tar import list_members, split_name
 
 # writing, and reading a sidecar own_tables.py declines; a good sidecar is read without it

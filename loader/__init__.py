@@ -5,7 +5,7 @@ Public: ``ShardDataset``, ``Loader``, ``Mixture``, ``BatchSchedule``, ``Stage``,
 
 from typing import TYPE_CHECKING
 
-from shardfeed.formats.lazy import exports
+from shardfeed.formats.base.lazy import exports
 
 if TYPE_CHECKING:  # what the names are, for type checkers; at run time each is imported on first use
     from shardfeed.loader.dataset import ShardDataset
@@ -14,7 +14,7 @@ if TYPE_CHECKING:  # what the names are, for type checkers; at run time each is 
     from shardfeed.loader.mixture import Mixture
     from shardfeed.loader.schedule import BatchSchedule, Stage
 
-# public name -> the submodule that defines it (formats/lazy.py: nothing is imported until asked for)
+# public name -> the submodule that defines it (formats/base/lazy.py: nothing is imported until asked for)
 _EXPORTS = {
     "ShardDataset": "dataset",
     "WorkerError": "error_policy",

@@ -30,6 +30,7 @@ from collections.abc import Callable
 import numpy as np
 import xxhash
 
+from shardfeed.formats.base.lazy import lazy_module
 from shardfeed.formats.compiler.native import hash_fn, preadv_fn
 from shardfeed.formats.engine.kernels import parse_ints, tar_sizes, warm
 from shardfeed.formats.engine.kernels_batch import NROWS, tar_layout
@@ -39,7 +40,6 @@ from shardfeed.formats.engine.read_modes import FAULT_AROUND, MAPPED_BUDGET_BYTE
 from shardfeed.formats.engine.split_gather import SplitGather
 from shardfeed.formats.engine.steady_read import SteadyRead
 from shardfeed.formats.errors import ReadError, ShardError
-from shardfeed.formats.lazy import lazy_module
 
 columns = lazy_module("shardfeed.formats.engine.columns", globals(), "columns")  # columnar shards only (issue #24)
 

@@ -27,10 +27,10 @@ import itertools
 
 import numpy as np
 
+from shardfeed.formats.base.lazy import lazy_module
 from shardfeed.formats.engine import group_share
 from shardfeed.formats.engine.decoded_groups import DECODED
 from shardfeed.formats.engine.kernels import copy_ranges
-from shardfeed.formats.lazy import lazy_module
 from shardfeed.formats.readers import ColumnarShardReader
 from shardfeed.formats.sidecar import as_numpy
 

@@ -43,7 +43,7 @@ def test_import_shardfeed_loader_imports_no_submodule_and_nothing_heavy(aot):
     heavy = [m for m in added if m in NEVER or m.split(".")[0] in ("pyarrow", "numba", "xxhash")]
     assert heavy == []
     ours = [m for m in added if m.startswith("shardfeed.")]
-    assert ours == ["shardfeed.formats", "shardfeed.formats.lazy", "shardfeed.loader"]
+    assert ours == ["shardfeed.formats", "shardfeed.formats.base", "shardfeed.formats.base.lazy", "shardfeed.loader"]
 
 
 # what no import of the loader's names needs, compiled kernels or not (numba: imported at the first
