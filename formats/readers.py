@@ -22,7 +22,8 @@ from shardfeed.formats.base.lazy import lazy_module
 from shardfeed.formats.engine import decompressed
 from shardfeed.formats.errors import ShardError
 from shardfeed.formats.files import check_regular, open_regular
-from shardfeed.formats.sidecar import SIDECAR_SUFFIX, SampleTable, read_sidecar, sample_checksum, scan_tar
+from shardfeed.formats.own_tables import read_sidecar
+from shardfeed.formats.sidecar import SIDECAR_SUFFIX, SampleTable, sample_checksum, scan_tar
 from shardfeed.formats.sidecar_memo import read_sidecar_once, validate_once
 from shardfeed.formats.tar_stream import load_tar_stream
 

@@ -20,7 +20,7 @@ from conftest import labelled_sample
 from shardfeed.formats import ShardError, ShardWriter
 from shardfeed.formats.engine import decompressed
 from shardfeed.formats.engine.decompress_ahead import DecompressAhead, claim
-from shardfeed.formats.index import open_index
+from shardfeed.formats.open_dataset import open_index
 from shardfeed.loader import Loader, ShardDataset
 
 N, SHARD, BATCH = 1200, 200, 50  # 6 shards of 4 batches each

@@ -17,7 +17,8 @@ import zstandard
 from shardfeed.formats import ShardError, ShardWriter, open_index, open_shard, tar_stream
 from shardfeed.formats.engine import decompressed
 from shardfeed.formats.engine.batch import BatchReader
-from shardfeed.formats.sidecar import read_sidecar, table_digest
+from shardfeed.formats.own_tables import read_sidecar
+from shardfeed.formats.sidecar import table_digest
 from shardfeed.tools.cli import main
 
 pytestmark = pytest.mark.hostile  # bounded time and memory (conftest.py)

@@ -16,7 +16,7 @@ from loader_helpers import rows_until
 from shardfeed.formats.engine import decompressed
 from shardfeed.formats.engine.batch import BatchReader
 from shardfeed.formats.engine.columns import DECODED
-from shardfeed.formats.index import open_index
+from shardfeed.formats.open_dataset import open_index
 from shardfeed.loader import Loader, ShardDataset
 
 

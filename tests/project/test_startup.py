@@ -13,7 +13,7 @@ import pytest
 
 from conftest import labelled_sample
 from shardfeed.formats import ShardError, ShardWriter
-from shardfeed.formats.index import _FEW_NAMES, check_shard_names
+from shardfeed.formats.own_tables import _FEW_NAMES, check_shard_names
 from shardfeed.formats.sidecar import as_numpy, decode_dictionary
 
 FIRST_BATCH = """
