@@ -341,7 +341,7 @@ class ShardDataset(_placement.Placed, torch.utils.data.IterableDataset):
             most = plain_read_shards(self.cache.limit_bytes, self.index, nw * node_ranks(self.topology),
                                      self.cache.cache_dir, self.cache.open().budget.fixed_bytes())
         # a compressed shard is held decompressed while read: one at a time, so a block that crosses
-        # several never holds them all at once (the budget of decompressed.py then bounds memory)
+        # several never holds them all at once (the budget of decoded_budget.py then bounds memory)
         compressed = any(f in ("tar.gz", "tar.zst") for f in self.index.formats)
         if compressed:
             most = 1

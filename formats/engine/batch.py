@@ -244,9 +244,9 @@ class BatchReader(SteadyRead):
         col_tables = []
         gather = None  # the columnar samples placed by one jitted call (column_gather.py)
         if groups:
-            from shardfeed.formats.engine import column_gather, group_decode  # columnar shards only: pyarrow
+            from shardfeed.formats.engine import column_gather, row_group_threads  # columnar shards only: pyarrow
 
-            group_decode.decode_missing(groups, local, self._tar_gather.threads)  # a global batch's, on 2 threads
+            row_group_threads.decode_missing(groups, local, self._tar_gather.threads)  # a global batch's, on 2 threads
 
             pos_of = np.full(len(ids), -1, np.int64)
             pos_of[live] = np.arange(n)

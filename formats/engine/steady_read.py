@@ -71,7 +71,7 @@ class SteadyRead:
         file-backed shard during this read (no cache; eviction runs between
         reads); a decompressed shard in memory is never read here, because
         another reader's decompression may reclaim an unpinned one
-        (decompressed.py)."""
+        (decoded_budget.py)."""
         shards = self.shards
         table = shards.table
         n = len(ids)
