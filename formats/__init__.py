@@ -12,8 +12,8 @@ if TYPE_CHECKING:  # what the names are, for type checkers; at run time each is 
     from shardfeed.formats.open_dataset import compact, open_index
     from shardfeed.formats.own_tables import read_sidecar
     from shardfeed.formats.readers import ColumnarShardReader, TarShardReader, hash_file, open_shard, verify_shard
+    from shardfeed.formats.shard_patterns import expand_braces, expand_source
     from shardfeed.formats.sidecar import SampleTable, scan_tar
-    from shardfeed.formats.sources import expand_braces, expand_source
     from shardfeed.formats.writer import ShardWriter
 
 # public name -> the submodule that defines it (formats/base/lazy.py: nothing is imported until asked for)
@@ -39,8 +39,8 @@ _EXPORTS = {
     "SampleTable": "sidecar",
     "read_sidecar": "own_tables",
     "scan_tar": "sidecar",
-    "expand_braces": "sources",
-    "expand_source": "sources",
+    "expand_braces": "shard_patterns",
+    "expand_source": "shard_patterns",
     "ShardWriter": "writer",
 }
 __getattr__, __dir__ = exports(__name__, _EXPORTS)

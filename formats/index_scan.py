@@ -10,7 +10,7 @@ import os
 from shardfeed.formats.errors import ShardError
 from shardfeed.formats.folder_index import open_folder
 from shardfeed.formats.index import INDEX_NAME, LOG_DIR, DatasetIndex, ShardInfo, format_of, join
-from shardfeed.formats.sources import ShardPath
+from shardfeed.formats.shard_patterns import ShardPath
 
 
 def scan_foreign(root: str, names: list[str], on_error: str = "raise") -> DatasetIndex:

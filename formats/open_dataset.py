@@ -13,7 +13,7 @@ import os
 from shardfeed.formats.errors import ShardError
 from shardfeed.formats.folder_index import is_dataset_folder, open_folder
 from shardfeed.formats.index import INDEX_NAME, DatasetIndex, write_index
-from shardfeed.formats.sources import ShardPath, expand_source, is_pattern
+from shardfeed.formats.shard_patterns import ShardPath, expand_source, is_pattern
 
 ON_ERROR = ("raise", "skip")
 
@@ -21,7 +21,7 @@ ON_ERROR = ("raise", "skip")
 def open_index(source, follow_log: bool = True, on_error: str = "raise") -> DatasetIndex:
     """The index of a dataset: a folder (or ``file://`` URL), its commit log
     included; a shard file; a glob or brace pattern of shard files; or a list
-    or tuple of paths and patterns (see shardfeed.formats.sources).
+    or tuple of paths and patterns (see shardfeed.formats.shard_patterns).
 
     A folder with no index but WebDataset tars is indexed by scanning each tar
     once, in memory; so is a foreign tar named by a pattern or a list.
