@@ -6,7 +6,7 @@ life of a cache entry (REMOTE -> FETCHING -> LOCAL -> PINNED -> EVICTED).
 
 from typing import TYPE_CHECKING
 
-from shardfeed.formats.lazy import exports
+from shardfeed.formats.base.lazy import exports
 
 if TYPE_CHECKING:  # what the names are, for type checkers; at run time each is imported on first use
     from shardfeed.cache.fetching.fetch import Cancelled, FetchOptions
@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # what the names are, for type checkers; at run time each is 
     from shardfeed.cache.remote.remote_index import RemoteDataset, RemoteIndex, mirror_index, open_remote_index
     from shardfeed.cache.storage.store import CacheLimitError, ShardCache, ShardRef
 
-# public name -> the submodule that defines it (formats/lazy.py: nothing is imported until asked for)
+# public name -> the submodule that defines it (formats/base/lazy.py: nothing is imported until asked for)
 _EXPORTS = {
     "Cancelled": "fetching.fetch",
     "FetchOptions": "fetching.fetch",

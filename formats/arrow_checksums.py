@@ -22,8 +22,8 @@ import json
 import numpy as np
 import xxhash
 
+from shardfeed.formats.base.lazy import lazy_module
 from shardfeed.formats.errors import ShardError
-from shardfeed.formats.lazy import lazy_module
 from shardfeed.formats.sidecar import fixed_width_values
 
 pa = lazy_module("pyarrow", globals(), "pa")  # Parquet and Arrow shards only: a tar read never imports it

@@ -28,6 +28,7 @@ import re
 
 import numpy as np
 
+from shardfeed.formats.base.records import SlotRecord
 from shardfeed.formats.errors import ShardError
 from shardfeed.formats.files import open_regular
 from shardfeed.formats.index import (
@@ -37,11 +38,10 @@ from shardfeed.formats.index import (
     MAX_COUNT,
     DatasetIndex,
     ShardInfo,
-    _read_index_file,
     check_shard_name,
     check_unique_names,
 )
-from shardfeed.formats.records import SlotRecord
+from shardfeed.formats.own_tables import read_index_file
 
 _SEQ_RE = re.compile(r"^(\d{12})\.json$")
 END = "end"
@@ -173,7 +173,7 @@ def base_log_seq(root: str) -> int:
     path = os.path.join(root, INDEX_NAME)
     if not os.path.exists(path):
         return 0
-    meta, _ = _read_index_file(path, root)
+    meta, _ = read_index_file(path, root)
     return int(meta.get("log_seq", 0))
 
 
@@ -235,7 +235,7 @@ class _Scan:
             self.index_key, self.index_names = None, frozenset()
             return
         if self.index_key != (st.st_mtime_ns, st.st_size, st.st_ino):
-            _, cols = _read_index_file(path, root)
+            _, cols = read_index_file(path, root)
             self.index_key, self.index_names = (st.st_mtime_ns, st.st_size, st.st_ino), frozenset(cols[0])
 
     def refuse(self, root: str, what: str, name: str | None) -> None:
@@ -307,7 +307,7 @@ def open_stream_index(root: str, upto: int | None = None) -> tuple[DatasetIndex,
     names, formats, counts, sizes, hashes = [], [], [], [], []
     meta: dict = {}
     if os.path.exists(path):
-        meta, (names, formats, counts, sizes, hashes) = _read_index_file(path, root)
+        meta, (names, formats, counts, sizes, hashes) = read_index_file(path, root)
         log_seq = int(meta.get("log_seq", 0))
         fields = meta.get("fields", [])
     elif not os.path.isdir(os.path.join(root, LOG_DIR)):

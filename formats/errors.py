@@ -7,7 +7,7 @@ batch's info, counted and logged by the loader's ErrorPolicy.
 
 from __future__ import annotations
 
-from shardfeed.formats.records import FrozenSlotRecord
+from shardfeed.formats.base.records import FrozenSlotRecord
 
 
 class ShardError(Exception):

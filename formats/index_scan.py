@@ -8,8 +8,9 @@ from __future__ import annotations
 import os
 
 from shardfeed.formats.errors import ShardError
-from shardfeed.formats.index import INDEX_NAME, LOG_DIR, DatasetIndex, ShardInfo, format_of, join, open_index
-from shardfeed.formats.sources import ShardPath
+from shardfeed.formats.folder_index import open_folder
+from shardfeed.formats.index import INDEX_NAME, LOG_DIR, DatasetIndex, ShardInfo, format_of, join
+from shardfeed.formats.shard_patterns import ShardPath
 
 
 def scan_foreign(root: str, names: list[str], on_error: str = "raise") -> DatasetIndex:
@@ -92,7 +93,7 @@ def index_of_shards(paths: list[ShardPath], follow_log: bool, on_error: str) -> 
 def _folder_index(folder: str, follow_log: bool) -> DatasetIndex | None:
     if not (os.path.exists(os.path.join(folder, INDEX_NAME)) or os.path.isdir(os.path.join(folder, LOG_DIR))):
         return None
-    return open_index(folder, follow_log)
+    return open_folder(folder, follow_log)
 
 
 def _assemble(picked: list, on_error: str, selected: bool) -> DatasetIndex:

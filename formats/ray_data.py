@@ -32,7 +32,8 @@ import shutil
 import uuid
 
 from shardfeed.formats.commit_log import publish
-from shardfeed.formats.index import ShardInfo, open_index, write_index
+from shardfeed.formats.index import ShardInfo, write_index
+from shardfeed.formats.open_dataset import open_index
 from shardfeed.formats.readers import open_shard
 from shardfeed.formats.writer import ShardWriter
 

@@ -18,18 +18,19 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from shardfeed.formats.engine import decompressed
+from shardfeed.formats.base.lazy import lazy_module
+from shardfeed.formats.engine import decoded_budget
 from shardfeed.formats.errors import ShardError
 from shardfeed.formats.files import check_regular, open_regular
-from shardfeed.formats.lazy import lazy_module
-from shardfeed.formats.sidecar import SIDECAR_SUFFIX, SampleTable, read_sidecar, sample_checksum, scan_tar
+from shardfeed.formats.own_tables import read_sidecar
+from shardfeed.formats.sidecar import SIDECAR_SUFFIX, SampleTable, sample_checksum, scan_tar
 from shardfeed.formats.sidecar_memo import read_sidecar_once, validate_once
 from shardfeed.formats.tar_stream import load_tar_stream
 
 pa = lazy_module("pyarrow", globals(), "pa")  # Parquet and Arrow shards only: a tar read never imports it
 
 # compressed tar shards only: a process that reads plain tar never imports it (issue #24)
-decompress_ahead = lazy_module("shardfeed.formats.engine.decompress_ahead", globals(), "decompress_ahead")
+decompress_thread = lazy_module("shardfeed.formats.engine.decompress_thread", globals(), "decompress_thread")
 _CHUNK = 8 << 20  # read size while hashing a shard
 
 
@@ -66,14 +67,14 @@ class TarShardReader:
                 raise ShardError(path, f"shard has {actual} bytes but the index says {expected_bytes} "
                                        "(truncated, replaced or index mismatch)")
         # decompressed ahead by this process's background thread (counted already), or here
-        ahead = decompress_ahead.claim(path) if fmt in ("tar.gz", "tar.zst") else None
+        ahead = decompress_thread.claim(path) if fmt in ("tar.gz", "tar.zst") else None
         if ahead is not None:
             self.data, self.budget_bytes = ahead
         else:
             self.data = load_tar_stream(path, fmt)
         try:
             if not isinstance(self.data, mmap.mmap) and not self.budget_bytes:
-                self.budget_bytes = decompressed.acquire(len(self.data), path)
+                self.budget_bytes = decoded_budget.acquire(len(self.data), path)
             if table is None:
                 try:
                     table, meta = read_sidecar_once(path + SIDECAR_SUFFIX, path)
@@ -101,7 +102,7 @@ class TarShardReader:
                     self.data.close()
                 except BufferError:  # the traceback's frames still view it: the GC unmaps it
                     pass
-            decompressed.release(self.budget_bytes)
+            decoded_budget.release(self.budget_bytes)
             self.budget_bytes = 0
             raise
         self.table = table
@@ -144,7 +145,7 @@ class TarShardReader:
         """Safe to call twice. If a caller still holds a view into the map,
         the map is left for the garbage collector instead of failing."""
         self.view.release()
-        decompressed.release(self.budget_bytes)
+        decoded_budget.release(self.budget_bytes)
         self.budget_bytes = 0
         if isinstance(self.data, mmap.mmap):
             try:

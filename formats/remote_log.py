@@ -26,7 +26,8 @@ import tempfile
 
 from shardfeed.formats.commit_log import END, LogView, _fields, _shard, check_new_names, check_no_holes
 from shardfeed.formats.errors import ShardError
-from shardfeed.formats.index import INDEX_NAME, LOG_DIR, ShardInfo, check_shard_name, parse_index_bytes
+from shardfeed.formats.index import INDEX_NAME, LOG_DIR, ShardInfo, check_shard_name
+from shardfeed.formats.own_tables import parse_index_bytes
 from shardfeed.formats.sidecar import SIDECAR_SUFFIX
 
 _SEQ_RE = re.compile(r"^(\d{12})\.json$")

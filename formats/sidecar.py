@@ -15,11 +15,10 @@ import os
 import numpy as np
 import xxhash
 
+from shardfeed.formats.base.lazy import lazy_module
+from shardfeed.formats.base.records import SlotRecord
 from shardfeed.formats.errors import ShardError
-from shardfeed.formats.files import check_regular, open_regular
 from shardfeed.formats.key_blob import Keys
-from shardfeed.formats.lazy import lazy_module
-from shardfeed.formats.records import SlotRecord
 from shardfeed.formats.tar import list_members, split_name
 
 # writing, and reading a sidecar own_tables.py declines; a good sidecar is read without it
@@ -269,112 +268,3 @@ def write_sidecar(path: str, table: SampleTable, shard_bytes: int, shard_hash: s
     with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, tbl.schema) as w:
         w.write_table(tbl)
     os.replace(tmp, path)
-
-
-def _expected_schema(list_type) -> pa.Schema:
-    return pa.schema([("key", pa.string()), ("checksum", pa.uint64()), ("offset", list_type(pa.int64())),
-                      ("size", list_type(pa.int64())), ("field", list_type(pa.int16()))])
-
-
-def _sidecar_schemas() -> tuple:
-    return _expected_schema(pa.list_), _expected_schema(pa.large_list)
-
-
-def read_arrow_file(path: str, shard: str, what: str) -> pa.Table:
-    """An untrusted Arrow IPC file, fully validated before any value is touched.
-
-    Arrow trusts its buffers' offsets; a flipped byte in a string offset would
-    otherwise read outside the mapping. ``validate(full=True)`` checks every
-    offset and length first (O(bytes), once per open).
-    """
-    check_regular(path, shard, what)  # a FIFO would block pyarrow's open forever
-    try:
-        with pa.memory_map(path, "r") as src:
-            tbl = pa.ipc.open_file(src).read_all()
-        tbl.validate(full=True)
-        return tbl
-    except FileNotFoundError:
-        raise
-    except (pa.ArrowException, OSError, ValueError) as e:
-        raise ShardError(shard, f"{what} {os.path.basename(path)} is unreadable: {e}") from e
-
-
-def read_arrow_bytes(raw: bytes, shard: str, what: str, name: str) -> pa.Table:
-    """``read_arrow_file`` for a file already read into memory (so a caller can
-    also checksum exactly the bytes that were parsed)."""
-    try:
-        tbl = pa.ipc.open_file(pa.py_buffer(raw)).read_all()
-        tbl.validate(full=True)
-        return tbl
-    except (pa.ArrowException, OSError, ValueError, TypeError, KeyError, IndexError, OverflowError) as e:
-        raise ShardError(shard, f"{what} {name} is unreadable: {type(e).__name__}: {e}") from e
-
-
-def read_sidecar(path: str, shard: str) -> tuple[SampleTable, dict]:
-    """Load a sidecar; raises ShardError naming the shard when it is unreadable
-    (FileNotFoundError passes through: the caller says whether the shard is a
-    foreign tar to scan or a shard of an indexed dataset that needs it).
-
-    Read without pyarrow (own_tables.py) when it is laid out as shardfeed writes it and
-    passes every check; otherwise pyarrow reads it, and its checks say what is wrong."""
-    # imported here, not with this module: ``import shardfeed.loader`` loads this module but reads no
-    # sidecar, and own_tables brings arrow_ipc and flatbuffer (3 modules, ~0.5 ms of the import)
-    from shardfeed.formats import own_tables
-
-    with open_regular(path, shard, "sidecar") as f:  # a FIFO would block the read forever
-        raw = f.read() if os.fstat(f.fileno()).st_size <= own_tables.MAX_FAST_BYTES else None
-    if raw is not None:
-        try:
-            return own_tables.sidecar(raw)
-        except own_tables.Declined:
-            pass
-    return _read_sidecar_pyarrow(path, shard)
-
-
-def _read_sidecar_pyarrow(path: str, shard: str) -> tuple[SampleTable, dict]:
-    tbl = read_arrow_file(path, shard, "sidecar")
-    name = os.path.basename(path)
-    if not any(tbl.schema.equals(s) for s in _sidecar_schemas()):
-        raise ShardError(shard, f"sidecar {name} has an unexpected schema (corrupt sidecar): {tbl.schema}")
-    try:
-        meta = json.loads((tbl.schema.metadata or {})[b"shardfeed.sidecar"])
-        if not isinstance(meta, dict):
-            raise ValueError("metadata is not an object")
-        if meta.get("version") != SIDECAR_VERSION:
-            raise ShardError(shard, f"sidecar version {meta.get('version')!r} is not {SIDECAR_VERSION}")
-        if meta.get("digest") != table_digest(tbl, meta):
-            raise ShardError(shard, f"sidecar {name} fails its digest (corrupt sidecar); rewrite it with "
-                                    "`shardfeed convert` or restore it from a good copy")
-        fields = meta["fields"]
-        if not isinstance(fields, list) or not all(isinstance(f, str) for f in fields):
-            raise ValueError(f"fields {fields!r} is not a list of names")
-        shard_bytes = meta["shard_bytes"]
-        if not isinstance(shard_bytes, int) or shard_bytes < 0:
-            raise ValueError(f"shard_bytes {shard_bytes!r} is not a byte count")
-        off = tbl.column("offset").combine_chunks()
-        size = tbl.column("size").combine_chunks()
-        field = tbl.column("field").combine_chunks()
-        starts = as_numpy(off.offsets).astype(np.int64)
-        if not (np.array_equal(starts, as_numpy(size.offsets)) and np.array_equal(starts, as_numpy(field.offsets))):
-            raise ValueError("offset/size/field lists disagree")
-        if off.null_count or size.null_count or field.null_count or tbl.column("key").null_count \
-                or tbl.column("checksum").null_count:
-            raise ValueError("null entries")
-        # Sliced list arrays carry a base offset; the flat values start there.
-        base = int(starts[0]) if len(starts) else 0
-        m = int(starts[-1]) - base if len(starts) else 0
-        table = SampleTable(
-            keys=Keys.from_arrow(tbl.column("key").combine_chunks()),  # UTF-8 checked by validate(full=True)
-            member_start=starts - base,
-            offset=as_numpy(off.values)[base:base + m].astype(np.int64, copy=False),
-            size=as_numpy(size.values)[base:base + m].astype(np.int64, copy=False),
-            member_field=as_numpy(field.values)[base:base + m].astype(np.int16, copy=False),
-            fields=list(fields),
-            checksum=as_numpy(tbl.column("checksum")).astype(np.uint64, copy=False),
-            shard_bytes=shard_bytes,
-        )
-    except ShardError:
-        raise
-    except (KeyError, ValueError, TypeError, AttributeError, pa.ArrowException) as e:
-        raise ShardError(shard, f"sidecar {name} is malformed: {e}") from e
-    return table, meta

@@ -6,7 +6,7 @@ digest-checked the sidecar again (1.1-1.7 ms each: the demo's worker spent
 about a fifth of its time there). ``read_sidecar_once`` still reads the
 file's bytes at every open (a few KB: one read), and reuses the parse of the
 same path when the bytes are the same, byte for byte, as those it parsed; any
-other bytes are parsed and checked as ``sidecar.read_sidecar`` does. So a
+other bytes are parsed and checked as ``own_tables.read_sidecar`` does. So a
 sidecar replaced or damaged on disk is never served from memory, whatever its
 timestamps say. What it hands out is shared: SampleTables are read-only by
 contract, and the metadata dict is a copy.
@@ -35,9 +35,9 @@ parses = 0  # sidecars parsed by read_sidecar_once (tests and benchmarks)
 
 
 def read_sidecar_once(path: str, shard: str):
-    """``sidecar.read_sidecar(path, shard)``, the parse reused while the file's bytes are the same."""
+    """``own_tables.read_sidecar(path, shard)``, the parse reused while the file's bytes are the same."""
     global _held, parses
-    from shardfeed.formats.sidecar import read_sidecar
+    from shardfeed.formats.own_tables import read_sidecar
 
     with open_regular(path, shard, "sidecar") as f:  # FileNotFoundError passes through, as read_sidecar's
         raw = f.read() if os.fstat(f.fileno()).st_size <= own_tables.MAX_FAST_BYTES else None

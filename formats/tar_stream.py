@@ -17,7 +17,7 @@ from shardfeed.formats.files import open_regular
 # A compressed shard is held in memory while read; refuse pathological ones
 # (a "zip bomb") instead of exhausting memory. 1 GiB: a compressed shard is
 # typically 64-512 MiB decompressed; the total of all open ones is bounded
-# apart (decompressed.py).
+# apart (decoded_budget.py).
 MAX_DECOMPRESSED_BYTES = int(os.environ.get("SHARDFEED_MAX_DECOMPRESSED_BYTES", 1 << 30))
 _CHUNK = 8 << 20
 

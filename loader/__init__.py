@@ -7,7 +7,7 @@ reference recipes ``Balancer`` (per-rank batch sizes), ``RandomResizedCropFlip``
 
 from typing import TYPE_CHECKING
 
-from shardfeed.formats.lazy import exports
+from shardfeed.formats.base.lazy import exports
 
 if TYPE_CHECKING:  # what the names are, for type checkers; at run time each is imported on first use
     from shardfeed.loader.balancer import Balancer
@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # what the names are, for type checkers; at run time each is 
     from shardfeed.loader.schedule import BatchSchedule, Stage
     from shardfeed.loader.token_windows import write_token_windows
 
-# public name -> the submodule that defines it (formats/lazy.py: nothing is imported until asked for)
+# public name -> the submodule that defines it (formats/base/lazy.py: nothing is imported until asked for)
 _EXPORTS = {
     "ShardDataset": "dataset",
     "WorkerError": "error_policy",

@@ -89,7 +89,7 @@ class BatchMaker(Maker):
         self.in_order = in_order
         self._compressed = sum(f in ("tar.gz", "tar.zst") for f in index.formats)
         if cached is None and self._compressed:
-            from shardfeed.formats.engine.decompress_ahead import DecompressAhead
+            from shardfeed.formats.engine.decompress_thread import DecompressAhead
 
             self.ahead = DecompressAhead()
 
@@ -121,7 +121,7 @@ class BatchMaker(Maker):
             self.reader.shards.let_go(set(np.unique(self.reader.index.locate(ids)[0]).tolist()))
         if self.ahead is None:
             return
-        from shardfeed.formats.engine.decompress_ahead import upcoming
+        from shardfeed.formats.engine.decompress_thread import upcoming
 
         if len(views) >= self._compressed:
             return  # every compressed shard is open (a random order after its first batches)

@@ -22,7 +22,8 @@ from shardfeed.cache.readers import ranged_reads
 from shardfeed.cache.readers.ranged_reads import RangePolicy, plan_bytes
 from shardfeed.cache.readers.reads import entry_bytes
 from shardfeed.formats import ShardError
-from shardfeed.formats.index import INDEX_NAME, parse_index_bytes
+from shardfeed.formats.index import INDEX_NAME
+from shardfeed.formats.own_tables import parse_index_bytes
 from shardfeed.shuffling import Order
 from shardfeed.shuffling.plan import DEFAULT_BUFFER_SIZE
 from shardfeed.shuffling.spec import PlanSpec

@@ -30,10 +30,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from shardfeed.formats.base.records import SlotRecord
 from shardfeed.formats.codecs import codec_of, decode_npy
 from shardfeed.formats.engine.kernels import copy_ranges
 from shardfeed.formats.numeric_fields import numeric_column
-from shardfeed.formats.records import SlotRecord
 from shardfeed.loader import heap
 from shardfeed.loader.bytes_column import BytesList
 from shardfeed.loader.views import BYTES_AS, check_bytes_as, jagged_view, tensor_views

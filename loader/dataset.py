@@ -19,10 +19,10 @@ import numpy as np
 import torch.utils.data
 
 from shardfeed.formats import ShardError, open_index
+from shardfeed.formats.base.lazy import gc_paused
 from shardfeed.formats.engine.read_modes import check_read_mode
 from shardfeed.formats.errors import ReadError
 from shardfeed.formats.index import INDEX_NAME, LOG_DIR, DatasetIndex
-from shardfeed.formats.lazy import gc_paused
 from shardfeed.loader import placement as _placement
 from shardfeed.loader import state as _state
 from shardfeed.loader.error_policy import ErrorPolicy
@@ -163,7 +163,7 @@ class ShardDataset(_placement.Placed, torch.utils.data.IterableDataset):
                              "pass follow=True or leave them at 0.0/None")
         if cache_limit_bytes is not None:  # an int, "50GB" or a share of the cache folder's disk
             from shardfeed.cache.readers.reads import default_cache_dir
-            from shardfeed.formats.byte_sizes import parse_limit
+            from shardfeed.formats.base.byte_sizes import parse_limit
 
             cache_limit_bytes = parse_limit(cache_limit_bytes, "cache_limit_bytes", lambda: cache_dir or default_cache_dir())
         self.cache = None  # a cache.reads.CacheSpec when shards are read through the node-local cache
@@ -341,7 +341,7 @@ class ShardDataset(_placement.Placed, torch.utils.data.IterableDataset):
             most = plain_read_shards(self.cache.limit_bytes, self.index, nw * node_ranks(self.topology),
                                      self.cache.cache_dir, self.cache.open().budget.fixed_bytes())
         # a compressed shard is held decompressed while read: one at a time, so a block that crosses
-        # several never holds them all at once (the budget of decompressed.py then bounds memory)
+        # several never holds them all at once (the budget of decoded_budget.py then bounds memory)
         compressed = any(f in ("tar.gz", "tar.zst") for f in self.index.formats)
         if compressed:
             most = 1

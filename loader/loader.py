@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from shardfeed.formats.lazy import first_gc_paused
+from shardfeed.formats.base.lazy import first_gc_paused
 from shardfeed.loader import autotune
 from shardfeed.loader import state as _state
 from shardfeed.loader.dataset import ShardDataset
@@ -227,7 +227,7 @@ class Loader:
             source = autotune.probed_batches(self, feed)
         else:
             source = self._local_batches(feed) if self.num_workers == 0 else self._worker_batches(feed)
-        # the first batch made here (start-up, formats/lazy.py); not one waited for from workers or a
+        # the first batch made here (start-up, formats/base/lazy.py); not one waited for from workers or a
         # remote fetch, where this process allocates little and the wait may be long
         if not self._stats.total.batches and self.num_workers == 0 and self._cache is None:
             source = first_gc_paused(source)

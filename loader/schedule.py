@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from shardfeed.formats.records import FrozenSlotRecord
+from shardfeed.formats.base.records import FrozenSlotRecord
 
 
 def _check_bs(value, where: str):

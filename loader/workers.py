@@ -310,7 +310,7 @@ class MakerFactory:
 
     def __call__(self):
         if self.readers > 1:  # siblings decode each Parquet row group once between them
-            from shardfeed.formats.engine.group_share import share_in_this_process
+            from shardfeed.formats.engine.row_group_share import share_in_this_process
 
             share_in_this_process()
         if self.dataset.cache is not None:  # sizes what each reader keeps pinned

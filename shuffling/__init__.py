@@ -7,7 +7,7 @@ topology), evaluated lazily in chunks.
 
 from typing import TYPE_CHECKING
 
-from shardfeed.formats.lazy import exports
+from shardfeed.formats.base.lazy import exports
 
 if TYPE_CHECKING:  # what the names are, for type checkers; at run time each is imported on first use
     from shardfeed.shuffling.balance_proposal import propose_batch_sizes
@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # what the names are, for type checkers; at run time each is 
     from shardfeed.shuffling.plan import EpochPlan, make_plan
     from shardfeed.shuffling.topology import Topology
 
-# public name -> the submodule that defines it (formats/lazy.py: nothing is imported until asked for)
+# public name -> the submodule that defines it (formats/base/lazy.py: nothing is imported until asked for)
 _EXPORTS = {
     "propose_batch_sizes": "balance_proposal",
     "replan": "elastic",

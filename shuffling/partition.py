@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardfeed.formats.records import SlotRecord
+from shardfeed.formats.base.records import SlotRecord
 
 
 class Deal(SlotRecord):

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from shardfeed.formats.records import FrozenSlotRecord, SlotRecord
+from shardfeed.formats.base.records import FrozenSlotRecord, SlotRecord
 from shardfeed.shuffling.ids import check_counts
 from shardfeed.shuffling.orders import Order
 from shardfeed.shuffling.plan import DEFAULT_BLOCK_SHARDS, DEFAULT_BUFFER_SIZE, EpochPlan, make_plan

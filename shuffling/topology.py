@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from shardfeed.formats.records import FrozenSlotRecord
+from shardfeed.formats.base.records import FrozenSlotRecord
 
 
 class Topology(FrozenSlotRecord):

@@ -1,13 +1,13 @@
 """Sizes on the command line: the argparse type of every size option (``--cache-limit``,
 ``--max-shard-bytes``), so a bad size reads the same in every command; the parser is
-formats/byte_sizes.py, which the API uses too."""
+formats/base/byte_sizes.py, which the API uses too."""
 
 from __future__ import annotations
 
 import argparse
 import re
 
-from shardfeed.formats.byte_sizes import human_bytes, parse_size
+from shardfeed.formats.base.byte_sizes import human_bytes, parse_size
 
 __all__ = ["human_bytes", "join_negative_values", "parse_size", "size_option"]
 

@@ -79,7 +79,8 @@ def shard_name(index, i: int) -> str:
 
 def _sidecar_matches_scan(index, i: int) -> str | None:
     """The sidecar's offsets must be the ones the tar's own headers give."""
-    from shardfeed.formats.sidecar import SIDECAR_SUFFIX, read_sidecar, scan_tar
+    from shardfeed.formats.own_tables import read_sidecar
+    from shardfeed.formats.sidecar import SIDECAR_SUFFIX, scan_tar
     from shardfeed.formats.tar_stream import load_tar_stream
 
     path = index.path(i)

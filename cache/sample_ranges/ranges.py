@@ -42,7 +42,8 @@ from shardfeed.cache.sample_ranges.range_room import Leases, drain, requests
 from shardfeed.cache.storage.budget import SIDECAR, unlink_quiet
 from shardfeed.cache.storage.locks import FileLock, acquire_timed, free_slots
 from shardfeed.formats import ShardError
-from shardfeed.formats.sidecar import read_sidecar, sample_checksum
+from shardfeed.formats.own_tables import read_sidecar
+from shardfeed.formats.sidecar import sample_checksum
 
 PREFIX = "r-"
 _BLOCK = 4096

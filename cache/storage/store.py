@@ -304,7 +304,7 @@ class ShardCache:
         return os.path.exists(path + SIDECAR) or os.path.exists(path + NO_SIDECAR)
 
     def _fetch_sidecar(self, key, url, path, cancel, expected_hash=None, waits=(None, None)) -> None:
-        from shardfeed.formats.sidecar import read_sidecar
+        from shardfeed.formats.own_tables import read_sidecar
 
         opts = self.fetch_options
         src = self._source(url + SIDECAR)

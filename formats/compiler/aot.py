@@ -155,11 +155,14 @@ def load(folder: str, key: str) -> Loaded | None:
 class Kernel:
     """A jitted function served by the compiled module while its types match."""
 
-    def __init__(self, fn, options: dict, loaded):
+    def __init__(self, fn, options: dict, loaded, use_jit):
         """``loaded``: the compiled module (Loaded or None), or a function that returns it, called at the
-        first call of the kernel (so a process that imports kernels but runs none never loads it)."""
+        first call of the kernel (so a process that imports kernels but runs none never loads it).
+        ``use_jit(reason)``: switches the process to numba's JIT and binds every kernel (jit.use_jit),
+        called when the compiled module lacks the types of a call."""
         self.py_func = self.__wrapped__ = fn
         self.options = options
+        self.use_jit = use_jit
         self.name = f"{fn.__module__}:{fn.__qualname__}"
         self.__name__, self.__qualname__, self.__doc__, self.__module__ = (
             fn.__name__, fn.__qualname__, fn.__doc__, fn.__module__)
@@ -181,11 +184,9 @@ class Kernel:
             f = self.variants.get(fingerprints(args))
             if f is not None:
                 return f(*args)
-            from shardfeed.formats.compiler import jit
-
-            jit.use_jit(f"{self.name} was called with types {[fingerprint(a) for a in args]}, "
-                        f"which the compiled module does not hold" if self.built else
-                        "no compiled kernels for these sources (`shardfeed warm` builds them)")
+            self.use_jit(f"{self.name} was called with types {[fingerprint(a) for a in args]}, "
+                         f"which the compiled module does not hold" if self.built else
+                         "no compiled kernels for these sources (`shardfeed warm` builds them)")
         return self.jitted(*args)
 
     def __repr__(self) -> str:

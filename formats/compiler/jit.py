@@ -274,7 +274,7 @@ def njit(fn=None, **options):
             return _jit(f, options)
         from shardfeed.formats.compiler import aot
 
-        k = aot.Kernel(f, options, aot_module)
+        k = aot.Kernel(f, options, aot_module, use_jit)
         REGISTRY.append(k)
         return k
 

@@ -19,7 +19,8 @@ Damaged samples are not returned as data: with ``skip=True`` they are left
 out of the batch and reported in ``RawBatch.errors`` (ReadError records);
 otherwise ShardError. This module is that skip-and-retry loop; the jitted
 loops are in kernels.py, the open shards in open_shards.py, the steady path
-(every shard open, nothing failing) in steady_read.py, RawBatch in raw_batch.py.
+(every shard open, nothing failing) in steady_read.py, RawBatch in raw_batch.py:
+parts a BatchReader holds, each with its own state.
 """
 
 from __future__ import annotations
@@ -30,16 +31,17 @@ from collections.abc import Callable
 import numpy as np
 import xxhash
 
+from shardfeed.formats.base.lazy import lazy_module
 from shardfeed.formats.compiler.native import hash_fn, preadv_fn
+from shardfeed.formats.engine.into_bytes import IntoBytes, gather_plan
 from shardfeed.formats.engine.kernels import parse_ints, tar_sizes, warm
-from shardfeed.formats.engine.kernels_batch import NROWS, tar_layout
+from shardfeed.formats.engine.kernels_batch import tar_layout
 from shardfeed.formats.engine.open_shards import MAX_OPEN_SHARDS, OpenShards, TarView
 from shardfeed.formats.engine.raw_batch import RawBatch, _new_buffer
 from shardfeed.formats.engine.read_modes import FAULT_AROUND, MAPPED_BUDGET_BYTES, READ_MODES, check_read_mode
 from shardfeed.formats.engine.split_gather import SplitGather
 from shardfeed.formats.engine.steady_read import SteadyRead
 from shardfeed.formats.errors import ReadError, ShardError
-from shardfeed.formats.lazy import lazy_module
 
 columns = lazy_module("shardfeed.formats.engine.columns", globals(), "columns")  # columnar shards only (issue #24)
 
@@ -50,7 +52,7 @@ _MAX_IOV = 512  # under IOV_MAX (1024 on Linux)
 _JUNK_BYTES = 64 << 10
 
 
-class BatchReader(SteadyRead):
+class BatchReader:
     """Reads batches of global sample ids from a DatasetIndex.
 
     ``path_of`` maps a shard number to a local path (a cache may supply one)
@@ -91,12 +93,9 @@ class BatchReader(SteadyRead):
         self._iov = np.zeros((_MAX_IOV, 2), np.int64)  # struct iovec {void *base; size_t len}
         self._junk = np.empty(_JUNK_BYTES, np.uint8)  # tar headers and padding between members read at once
         self._mapped = 0  # estimated bytes mapped since the last release
-        self._work = np.empty((NROWS, 0), np.int64)  # the steady path's scratch (_layout_scratch)
-        self._rows: tuple | None = None  # views of it (_work_rows)
-        self._uniq = np.empty(0, np.int64)
-        self._present = np.empty(0, np.uint8)
-        self._kbuf = np.empty(0, np.uint8)
         self._tar_gather = SplitGather(self._iov, self._junk)  # one call unless allowed threads (split_gather.py)
+        self._steady = SteadyRead(self.shards, self._tar_gather, self._iov, self._junk)
+        self._into: IntoBytes | None = None  # fields gathered into bytes objects (gather_into_bytes)
 
     def allow_threads(self, n: int) -> None:
         """Let a batch's gather use up to ``n`` threads (2: split when it pays, see
@@ -115,6 +114,15 @@ class BatchReader(SteadyRead):
     def _open(self):
         return self.shards.views
 
+    def gather_into_bytes(self, want: Callable[[str], bool] | None,
+                          before: Callable[[int], None] | None = None) -> bool:
+        """From the next read on, gather the large values of the tar fields whose name ``want``
+        accepts straight into ``bytes`` objects (into_bytes.py): ``RawBatch.fields[name]`` is then
+        ``("objects", values)``. ``before(nbytes)`` is called before a batch's objects are made.
+        None turns it off. False where this Python cannot (the buffer path serves)."""
+        self._into = IntoBytes(want, before) if want is not None and IntoBytes.available() else None
+        return self._into is not None
+
     def update_index(self, index) -> None:
         """Read from ``index``, a grown version of the current one (its shards
         first, unchanged, then new ones), from the next read on; ValueError if
@@ -125,6 +133,12 @@ class BatchReader(SteadyRead):
         self._into = None
         self._tar_gather.close()
         self.shards.close()
+
+    def _count_mapped(self, nbytes: int, n: int) -> None:
+        if not self._io_fn and self.read_mode == "pread":  # fallback copied from the mapping: bound its RSS
+            self._mapped += nbytes + FAULT_AROUND * n
+        if self._mapped > self.mapped_budget:
+            self.release_pages()
 
     def release_pages(self) -> None:
         """Unmap the pages read so far (the page cache keeps them): bounds RSS."""
@@ -137,7 +151,7 @@ class BatchReader(SteadyRead):
         as it starts, so workers load in parallel while the first tasks are
         sent rather than one after the other on the batch path."""
         warm(self.shards.table, self._hash_fn, self._io_fn, self._iov, self._junk)
-        work, present, uniq = self._layout_scratch(0, 0)
+        work, present, uniq = self._steady.scratch(0, 0)
         tar_layout(self.index.offsets, self.shards.slot_of, self.shards.table, np.empty(0, np.int64), work,
                    np.empty((2, 0, 0), np.int64), present, uniq)
 
@@ -151,8 +165,10 @@ class BatchReader(SteadyRead):
         ids = np.ascontiguousarray(ids, np.int64)
         alloc = alloc or _new_buffer
         if ids.size and self.shards.path_of is None:
-            batch = self._read_open(ids, alloc)
+            batch = self._steady.read(ids, alloc, self._field_names(), self._into, self._io_fn, self._hash_fn,
+                                      self.verify)
             if batch is not None:
+                self._count_mapped(batch.bytes_read, len(ids))
                 return batch
         n_total = self.index.num_samples
         if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= n_total):
@@ -244,9 +260,9 @@ class BatchReader(SteadyRead):
         col_tables = []
         gather = None  # the columnar samples placed by one jitted call (column_gather.py)
         if groups:
-            from shardfeed.formats.engine import column_gather, group_decode  # columnar shards only: pyarrow
+            from shardfeed.formats.engine import column_gather, row_group_threads  # columnar shards only: pyarrow
 
-            group_decode.decode_missing(groups, local, self._tar_gather.threads)  # a global batch's, on 2 threads
+            row_group_threads.decode_missing(groups, local, self._tar_gather.threads)  # a global batch's, on 2 threads
 
             pos_of = np.full(len(ids), -1, np.int64)
             pos_of[live] = np.arange(n)
@@ -286,15 +302,13 @@ class BatchReader(SteadyRead):
             np.cumsum(ksizes + 1, out=kpos[1:])
             kbuf = np.empty(int(kpos[-1]), np.uint8)
             # fields into bytes objects (into_bytes.py) in all-tar batches only: one field, one form
-            faddr, xs, made = self._plan_into(t_slot, t_local, tar_pos, n, 0 if groups else total)
+            faddr, xs, made = gather_plan(self._into, table, t_slot, t_local, tar_pos, n, self._field_names(),
+                                          0 if groups else total)
             if not self._gather_tar(shard, live, tar_pos, t_slot, t_local, buf, dst_pos, fstart, fsize, kbuf, kpos,
                                     keep, errors, faddr, xs):
                 return None
             key_blob = kbuf[:-1].tobytes()
-            if not self._io_fn and self.read_mode == "pread":  # fallback copied from the mapping: bound its RSS
-                self._mapped += int(tsz.sum()) + FAULT_AROUND * len(tar_pos)
-            if self._mapped > self.mapped_budget:
-                self.release_pages()
+            self._count_mapped(int(tsz.sum()), len(tar_pos))
         keys = None
         typed: dict[str, list] = {}
         text_fields: set[str] = set()

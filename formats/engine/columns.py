@@ -5,9 +5,9 @@ sample's other bytes, so a field is ``(starts, sizes)`` into that buffer as
 for tar (size -1: null); string columns are marked ``"text"``. Typed columns
 (numbers, lists...) stay values: one numpy array per field when possible.
 
-Decoded Parquet row groups are kept (decoded_groups.py), least recently used
+Decoded Parquet row groups are kept (row_group_cache.py), least recently used
 first out, under the process-wide budget for decoded shard bytes held in
-memory (decompressed.py, shared with compressed tars). Why: under ``global``
+memory (decoded_budget.py, shared with compressed tars). Why: under ``global``
 order each batch takes a row or two from each of many row groups; decoding a
 row group per batch made Parquet ~20x slower than Arrow IPC, whose record
 batches are views of a mapping and cost nothing to keep. With the groups
@@ -27,10 +27,10 @@ import itertools
 
 import numpy as np
 
-from shardfeed.formats.engine import group_share
-from shardfeed.formats.engine.decoded_groups import DECODED
+from shardfeed.formats.base.lazy import lazy_module
+from shardfeed.formats.engine import row_group_share
 from shardfeed.formats.engine.kernels import copy_ranges
-from shardfeed.formats.lazy import lazy_module
+from shardfeed.formats.engine.row_group_cache import DECODED
 from shardfeed.formats.readers import ColumnarShardReader
 from shardfeed.formats.sidecar import as_numpy
 
@@ -131,7 +131,7 @@ class ColumnarView:
         got = DECODED.get(self._id, g) if self._parquet else self._mapped.get(g)
         if got is not None:
             return got
-        share = group_share.active() if self._parquet else None
+        share = row_group_share.active() if self._parquet else None
         name = share.name(self.path, g) if share is not None else None
         if name is not None:
             table = share.load(name, lambda: self.reader._group(g), wait)
@@ -147,7 +147,7 @@ class ColumnarView:
         return dec
 
     def missing_groups(self, local: np.ndarray) -> list[int]:
-        """The groups the rows ``local`` need that are not decoded yet (group_decode.py)."""
+        """The groups the rows ``local`` need that are not decoded yet (row_group_threads.py)."""
         start = self.reader.group_start
         if (DECODED.kept.get(self._id, 0) if self._parquet else len(self._mapped)) == len(start) - 1:
             return []  # every group held: the steady case, one look a shard
@@ -186,7 +186,7 @@ class ColumnarView:
         present = np.bincount(groups, minlength=len(start) - 1) > 0
         uniq = np.flatnonzero(present)
         rank = np.cumsum(present) - 1
-        # groups a sibling worker is decoding (group_share.py) are taken last, once it is done
+        # groups a sibling worker is decoding (row_group_share.py) are taken last, once it is done
         decs = [self.decoded(g, wait=False) for g in uniq.tolist()]
         for k, dec in enumerate(decs):
             if dec is None:

@@ -2,7 +2,7 @@
 
 Three places give a second core part of a read, each with one call in flight
 at a time: half of a batch's tar gather (split_gather.py), half of a batch's
-missing Parquet row groups (group_decode.py) and, at ``num_workers=0``, the
+missing Parquet row groups (row_group_threads.py) and, at ``num_workers=0``, the
 next batch (loader/read_ahead.py). The owner hands a call over, does its own
 share, then waits for the outcome before it touches what the call wrote.
 

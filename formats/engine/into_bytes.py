@@ -36,7 +36,7 @@ from itertools import repeat
 import numpy as np
 
 from shardfeed.formats.compiler.native import stream_hash
-from shardfeed.formats.engine.kernels import member_sizes
+from shardfeed.formats.engine.kernels import NO_FADDR, member_sizes
 
 MIN_MEAN_BYTES = 16 << 10  # a field's mean value size in a batch from which its values are gathered into bytes
 
@@ -141,6 +141,20 @@ class IntoBytes:
                     values[r] = b
             made[names[f]] = ("objects", values)
         return faddr, made
+
+
+_NO_XS = np.zeros((2, 4), np.int64)
+
+
+def gather_plan(into: IntoBytes | None, table, slot, local, rows, n: int, names: list, total: int):
+    """(faddr, xs, {name: ("objects", values)} or None): what kernels.tar_gather is handed for these tar
+    samples, whether or not ``into`` sends some of their fields into ``bytes`` objects."""
+    if into is None:
+        return NO_FADDR, _NO_XS, None
+    planned = into.plan(table, slot, local, rows, n, names, total)
+    if planned is None:
+        return NO_FADDR, into.xs, None
+    return planned[0], into.xs, planned[1]
 
 
 def _free(free: int, states: list) -> None:

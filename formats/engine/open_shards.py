@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from shardfeed.formats.engine import decompressed
+from shardfeed.formats.engine import decoded_budget
 from shardfeed.formats.engine.kernels import (
     CSUM,
     FD,
@@ -178,12 +178,12 @@ class OpenShards:
         self._retired: dict[int, TarView | ColumnarView] = {}  # bad but pinned: closed at the last unpin
         self._bad: dict[int, str] = {}  # shards found unreadable: reason
         self._touched: set[int] = set()  # tar shards read from since release_pages
-        # open shards the next batches read: a guess's room (decompress_ahead.want) never closes them
+        # open shards the next batches read: a guess's room (decompress_thread.want) never closes them
         self.keep: frozenset[int] = frozenset()
         # slot of each open tar shard by shard number (-1: not an open tar view):
         # lets a batch whose shards are all open find its slots in one numpy call
         self.slot_of = np.full(len(index), -1, np.int64)
-        decompressed.add_reclaimer(self.reclaim)
+        decoded_budget.add_reclaimer(self.reclaim)
 
     @property
     def table(self) -> np.ndarray:
@@ -313,7 +313,7 @@ class OpenShards:
 
     def reclaim(self, nbytes: int) -> None:
         """Close least recently used unpinned compressed shards until about
-        ``nbytes`` of decompressed memory is free (decompressed.py's budget)."""
+        ``nbytes`` of decompressed memory is free (decoded_budget.py's budget)."""
         for s in [s for s, v in self.views.items() if s not in self._pins and s not in self.keep
                   and isinstance(v, TarView) and v.reader.budget_bytes]:
             if nbytes <= 0:
@@ -325,7 +325,7 @@ class OpenShards:
         """Close the unpinned compressed shards (held decompressed in memory)
         that ``needed``, the shards of the next reads, leaves out: the read has
         moved on, and memory would otherwise grow with every shard read until
-        the budget's limit (decompressed.py)."""
+        the budget's limit (decoded_budget.py)."""
         for s in [s for s, v in self.views.items() if s not in self._pins and s not in needed
                   and isinstance(v, TarView) and v.reader.budget_bytes]:
             self._close(s, self._pop_view(s))

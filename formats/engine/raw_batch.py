@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from shardfeed.formats.base.records import SlotRecord
 from shardfeed.formats.errors import ReadError
-from shardfeed.formats.records import SlotRecord
 
 _ARANGE = np.arange(0, dtype=np.int64)
 

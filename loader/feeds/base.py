@@ -33,7 +33,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from shardfeed.formats.records import SlotRecord
+from shardfeed.formats.base.records import SlotRecord
 from shardfeed.loader.schedule import BatchSchedule, Stage
 from shardfeed.loader.state_checks import check_balanced
 from shardfeed.shuffling.plan_protocol import Plan

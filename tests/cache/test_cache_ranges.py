@@ -186,7 +186,7 @@ def test_damaged_range_is_refused_never_written(tmp_path):
         for i in range(16):
             w.write(labelled_sample(i, PAYLOAD))
     ix = open_index(root)
-    from shardfeed.formats.sidecar import read_sidecar
+    from shardfeed.formats.own_tables import read_sidecar
 
     path = os.path.join(root, ix.names[0])
     table, _ = read_sidecar(path + ".idx", path)

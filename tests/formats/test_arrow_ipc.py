@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from shardfeed.formats import ShardError, ShardWriter, arrow_ipc, index, own_tables, sidecar
+from shardfeed.formats import ShardError, ShardWriter, arrow_ipc, own_tables, sidecar
 
 pytestmark = pytest.mark.hostile(timeout=240)  # bounded time and memory (conftest.py)
 
@@ -88,7 +88,7 @@ def test_real_files_read_as_pyarrow_reads_them(ds):
         assert _same(fast, _pyarrow(raw)), path
         if path.endswith(".idx"):  # and own_tables builds exactly pyarrow's sample table
             mine, meta = own_tables.sidecar(raw)
-            theirs, meta2 = sidecar._read_sidecar_pyarrow(path, path)
+            theirs, meta2 = own_tables._read_sidecar_pyarrow(path, path)
             assert meta == meta2 and list(mine.keys) == list(theirs.keys) and mine.fields == theirs.fields
             for k in ("member_start", "offset", "size", "member_field", "checksum"):
                 a, b = getattr(mine, k), getattr(theirs, k)
@@ -104,7 +104,7 @@ def _parse_index_with_pyarrow(raw, path, monkeypatch=None):
     real = own_tables.index
     own_tables.index = lambda *a: (_ for _ in ()).throw(own_tables.Declined("test: pyarrow's path"))
     try:
-        return index.parse_index_bytes(raw, path)
+        return own_tables.parse_index_bytes(raw, path)
     finally:
         own_tables.index = real
 
@@ -135,7 +135,7 @@ def test_every_flip_it_accepts_pyarrow_accepts_with_the_same_values(ds, which):
                 tmp = path + ".flip"
                 with open(tmp, "wb") as f:
                     f.write(raw)
-                theirs = sidecar._read_sidecar_pyarrow(tmp, tmp)
+                theirs = own_tables._read_sidecar_pyarrow(tmp, tmp)
                 os.unlink(tmp)
                 assert mine[1] == theirs[1] and list(mine[0].keys) == list(theirs[0].keys)
             else:
@@ -167,8 +167,8 @@ def test_a_sidecar_laid_out_otherwise_is_read_through_pyarrow(ds, tmp_path):
         w.write_table(tbl, max_chunksize=2)
     with pytest.raises(arrow_ipc.Declined, match="exactly one record batch"):
         arrow_ipc.read(open(out, "rb").read())
-    got, meta = sidecar.read_sidecar(out, "s.tar")
-    want, meta2 = sidecar._read_sidecar_pyarrow(path, path)
+    got, meta = own_tables.read_sidecar(out, "s.tar")
+    want, meta2 = own_tables._read_sidecar_pyarrow(path, path)
     assert meta == meta2 and list(got.keys) == list(want.keys) and got.offset.tolist() == want.offset.tolist()
 
 
@@ -189,7 +189,7 @@ def test_large_list_sidecars_are_read_too(ds, tmp_path):
     fields, _, _ = arrow_ipc.read(raw)
     assert fields[2][2][0] == "large_list"
     mine, m1 = own_tables.sidecar(raw)
-    theirs, m2 = sidecar._read_sidecar_pyarrow(out, out)
+    theirs, m2 = own_tables._read_sidecar_pyarrow(out, out)
     assert m1 == m2 and mine.offset.tolist() == theirs.offset.tolist() and list(mine.keys) == list(theirs.keys)
 
 
@@ -199,7 +199,7 @@ def test_a_damaged_sidecar_still_names_its_shard(ds, tmp_path):
     bad = str(tmp_path / "x.tar.idx")
     open(bad, "wb").write(bytes(raw))
     with pytest.raises(ShardError, match="x.tar"):
-        sidecar.read_sidecar(bad, "x.tar")
+        own_tables.read_sidecar(bad, "x.tar")
 
 
 def test_types_outside_the_project_schemas_are_declined(tmp_path):

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from shardfeed.formats import ShardWriter, open_index
-from shardfeed.formats.engine import column_gather, decompressed
+from shardfeed.formats.engine import column_gather, decoded_budget
 from shardfeed.formats.engine.batch import BatchReader
 from shardfeed.formats.engine.columns import DECODED
 from shardfeed.formats.index import ShardInfo, write_index
@@ -119,8 +119,8 @@ def test_decoded_groups_stay_within_the_budget(tmp_path, monkeypatch):
     want = [_content(reader.read(ids[i:i + 32])) for i in range(0, 400, 32)]
     group_bytes = max(n for _, n in DECODED._groups.values())
     reader.close()
-    limit = 3 * group_bytes + decompressed.used()
-    monkeypatch.setattr(decompressed, "LIMIT", limit)
+    limit = 3 * group_bytes + decoded_budget.used()
+    monkeypatch.setattr(decoded_budget, "LIMIT", limit)
     reader = BatchReader(open_index(root))
     got, peak = [], 0
     for i in range(0, 400, 32):

@@ -287,7 +287,8 @@ def test_vectorised_shard_name_check_agrees_with_the_scalar_one(name):
     refuse exactly what the scalar check does."""
     import pyarrow as pa
 
-    from shardfeed.formats.index import check_shard_name, check_shard_names
+    from shardfeed.formats.index import check_shard_name
+    from shardfeed.formats.own_tables import check_shard_names
     try:
         check_shard_name(name, "w")
         scalar = True

@@ -53,7 +53,7 @@ def test_every_byte_of_index_arrow_damaged_is_refused(tmp_path, how):
     """Every byte of an index.arrow flipped by each mask, or the file cut there, is a ShardError:
     never another exception, never an index accepted with a changed byte. Two single-bit flips
     (0x08, in the schema's type of a column) raised IndexError from the digest's buffer walk."""
-    from shardfeed.formats.index import parse_index_bytes  # what open_index parses the file's bytes with
+    from shardfeed.formats.own_tables import parse_index_bytes
 
     root = str(tmp_path / "ds")
     path = _index_30(root)

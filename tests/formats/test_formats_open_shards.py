@@ -15,7 +15,8 @@ from shardfeed.formats.engine.batch import BatchReader
 from shardfeed.formats.engine.open_shards import INITIAL_SLOTS, OpenShards
 from shardfeed.formats.errors import ReadError
 from shardfeed.formats.key_blob import Keys
-from shardfeed.formats.sidecar import SIDECAR_SUFFIX, read_sidecar, write_sidecar
+from shardfeed.formats.own_tables import read_sidecar
+from shardfeed.formats.sidecar import SIDECAR_SUFFIX, write_sidecar
 from shardfeed.loader.error_policy import ErrorPolicy
 
 

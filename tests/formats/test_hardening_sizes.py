@@ -15,9 +15,10 @@ import pytest
 import zstandard
 
 from shardfeed.formats import ShardError, ShardWriter, open_index, open_shard, tar_stream
-from shardfeed.formats.engine import decompressed
+from shardfeed.formats.engine import decoded_budget
 from shardfeed.formats.engine.batch import BatchReader
-from shardfeed.formats.sidecar import read_sidecar, table_digest
+from shardfeed.formats.own_tables import read_sidecar
+from shardfeed.formats.sidecar import table_digest
 from shardfeed.tools.cli import main
 
 pytestmark = pytest.mark.hostile  # bounded time and memory (conftest.py)
@@ -79,19 +80,19 @@ def test_open_compressed_shards_share_one_budget(tmp_path, monkeypatch):
     of 32 MiB grew memory by 719 MiB). The total is bounded: shards not in use
     are closed to make room, shards in use over the budget are an error."""
     paths = _zst_tars(tmp_path, 6, 100_000)
-    monkeypatch.setattr(decompressed, "LIMIT", 250_000)  # room for two ~100 kB shards
+    monkeypatch.setattr(decoded_budget, "LIMIT", 250_000)  # room for two ~100 kB shards
     idx = open_index(paths)
     reader = BatchReader(idx)
     try:
         for s in range(6):  # one shard per batch: older ones are closed to make room
             assert reader.read(np.array([s])).keys == [f"s{s}"]
-            assert decompressed.used() <= 250_000
+            assert decoded_budget.used() <= 250_000
         assert len(reader.shards.views) <= 2
         with pytest.raises(ShardError, match="SHARDFEED_MAX_DECOMPRESSED_TOTAL_BYTES"):
             reader.read(np.arange(6))  # all six at once cannot fit
     finally:
         reader.close()
-    assert decompressed.used() == 0
+    assert decoded_budget.used() == 0
 
 
 def test_field_file_from_dev_zero_or_a_fifo_is_refused(tmp_path, capsys):

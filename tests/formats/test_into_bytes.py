@@ -210,7 +210,7 @@ def test_the_first_batch_is_not_kept_for_the_whole_epoch():
     into bytes objects that kept a whole batch of them alive (a third batch of heap faulted in)."""
     import weakref
 
-    from shardfeed.formats.lazy import first_gc_paused
+    from shardfeed.formats.base.lazy import first_gc_paused
 
     class Item:
         pass

@@ -14,8 +14,9 @@ from shardfeed.formats import ShardError, ShardWriter, open_index
 from shardfeed.formats.engine.batch import BatchReader
 from shardfeed.formats.engine.open_shards import OpenShards
 from shardfeed.formats.key_blob import Keys, key_blob
+from shardfeed.formats.own_tables import read_sidecar
 from shardfeed.formats.readers import open_shard
-from shardfeed.formats.sidecar import SIDECAR_SUFFIX, read_sidecar, write_sidecar
+from shardfeed.formats.sidecar import SIDECAR_SUFFIX, write_sidecar
 from shardfeed.loader import Loader, ShardDataset
 
 KEYS = [f"{i:03d}-{'é' * (i % 3)}{'日本' if i % 4 == 1 else ''}" for i in range(23)]

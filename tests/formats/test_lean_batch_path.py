@@ -50,7 +50,7 @@ def uneven(tmp_path):
 
 def _layout(reader: BatchReader, ids: np.ndarray):
     n, nf = len(ids), len(reader.field_ids)
-    work, present, uniq = reader._layout_scratch(n, nf)
+    work, present, uniq = reader._steady.scratch(n, nf)
     fpos = np.zeros((2, nf, n), np.int64)
     status, m = tar_layout(reader.index.offsets, reader.shards.slot_of, reader.shards.table, ids, work, fpos,
                            present, uniq)

@@ -22,7 +22,7 @@ from conftest import labelled_sample
 from loader_helpers import rows_until
 from shardfeed.formats import ShardError, ShardWriter
 from shardfeed.formats.engine.batch import BatchReader
-from shardfeed.formats.index import open_index
+from shardfeed.formats.open_dataset import open_index
 from shardfeed.formats.writer import _ColumnarShard
 from shardfeed.loader import Loader, ShardDataset
 

@@ -13,10 +13,10 @@ import torch
 
 from conftest import labelled_sample
 from loader_helpers import rows_until
-from shardfeed.formats.engine import decompressed
+from shardfeed.formats.engine import decoded_budget
 from shardfeed.formats.engine.batch import BatchReader
 from shardfeed.formats.engine.columns import DECODED
-from shardfeed.formats.index import open_index
+from shardfeed.formats.open_dataset import open_index
 from shardfeed.loader import Loader, ShardDataset
 
 
@@ -66,7 +66,7 @@ def test_parquet_rows_across_row_groups_match_samples(tmp_path):
 def test_parquet_global_under_a_tiny_budget(make_dataset, monkeypatch):
     """A budget too small for one row group: nothing is kept, every group is
     decoded when needed, and the batches are still right."""
-    monkeypatch.setattr(decompressed, "LIMIT", 1)
+    monkeypatch.setattr(decoded_budget, "LIMIT", 1)
     tar = make_dataset(200, shard_samples=50)
     parquet = make_dataset(200, shard_samples=50, format="parquet")
     assert _batches(parquet) == _batches(tar)

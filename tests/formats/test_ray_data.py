@@ -105,7 +105,7 @@ def test_datasink_append_commits_to_a_growing_dataset(ray_local, tmp_path):
 def test_datasink_append_records_the_sample_fields(ray_local, tmp_path, capsys):
     """A dataset grown only by Ray appends lists its fields, as one grown by
     ShardWriter(append=True) does: inspect finds the labels, compact keeps them."""
-    from shardfeed.formats.index import compact
+    from shardfeed.formats.open_dataset import compact
     from shardfeed.formats.ray_data import ShardDatasink
 
     root = str(tmp_path / "live")

@@ -1,4 +1,4 @@
-"""The steady-state read path (BatchReader._read_open: every shard of a batch
+"""The steady-state read path (BatchReader._steady, steady_read.py: every shard of a batch
 already open, a few numpy calls, no pins) returns exactly what the general
 path returns, never delivers damaged bytes, and keeps the open-shard table
 consistent through eviction; through a Loader with 0 and 2 workers, across a

@@ -18,8 +18,8 @@ import atheris
 
 with atheris.instrument_imports():
     from shardfeed.formats import ShardError, decode_field, open_index
+    from shardfeed.formats.own_tables import read_sidecar
     from shardfeed.formats.readers import ColumnarShardReader, TarShardReader
-    from shardfeed.formats.sidecar import read_sidecar
 
 _DIR = tempfile.mkdtemp(prefix="shardfeed-fuzz-")
 

@@ -1,6 +1,6 @@
 """Memory held for compressed shards read in stored order does not grow with the number of shards.
 
-A .tar.gz shard is held decompressed while it is read (formats/engine/decompressed.py). Read in
+A .tar.gz shard is held decompressed while it is read (formats/engine/decoded_budget.py). Read in
 stored order, each one used to stay resident until the process-wide budget (2 GiB) was reached:
 sixteen 32 MiB shards grew anonymous memory by 743 MiB. A shard is now closed once neither the
 read nor the next one needs it, and a plain iteration holds one compressed shard per read, so the
@@ -19,7 +19,7 @@ import psutil
 import pytest
 import torch
 
-from shardfeed.formats.engine import decompressed
+from shardfeed.formats.engine import decoded_budget
 from shardfeed.loader import Loader, ShardDataset
 
 SHARDS, SAMPLES, SAMPLE_BYTES = 16, 64, 64 << 10  # 16 foreign .tar.gz shards of 4 MiB of zeros
@@ -45,7 +45,7 @@ def gz_root(tmp_path_factory):
 
 def _held(sample):
     """The decompressed bytes this process holds as it reads the sample (a transform)."""
-    return {"__key__": sample["__key__"], "held": decompressed.used()}
+    return {"__key__": sample["__key__"], "held": decoded_budget.used()}
 
 
 def test_plain_iteration_in_stored_order_holds_a_few_shards(gz_root):
@@ -53,7 +53,7 @@ def test_plain_iteration_in_stored_order_holds_a_few_shards(gz_root):
     held = grown = n = 0
     for _ in ShardDataset(gz_root, shuffle="none"):
         n += 1
-        held = max(held, decompressed.used())
+        held = max(held, decoded_budget.used())
         if n == SAMPLES:  # the first shard read: code loaded, buffers made
             base = proc.memory_full_info().uss
         elif n % 32 == 0 and n > SAMPLES:
@@ -62,7 +62,7 @@ def test_plain_iteration_in_stored_order_holds_a_few_shards(gz_root):
     # this read, the next and the two decompressed ahead; all 16 (64 MiB) before the fix
     assert grown < 6 * SHARD_BYTES, f"unique memory grew by {grown >> 20} MiB after the first shard"
     assert held <= 4 * SHARD_BYTES, f"{held / SHARD_BYTES:.1f} shards held decompressed"
-    assert decompressed.used() == 0
+    assert decoded_budget.used() == 0
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -90,10 +90,10 @@ def test_budget_below_a_block_bounds_a_plain_iteration(tmp_path, monkeypatch):
     # of 2.5 shards it raised "shards in use cannot be closed" (the block's shards were read at once)
     root = _write(tmp_path, 8)
     small = 8 * SAMPLE_BYTES
-    monkeypatch.setattr(decompressed, "LIMIT", decompressed.used() + 2 * small + (small >> 1))
+    monkeypatch.setattr(decoded_budget, "LIMIT", decoded_budget.used() + 2 * small + (small >> 1))
     n = held = 0
     for _ in ShardDataset(root, shuffle="none"):
         n += 1
-        held = max(held, decompressed.used())
+        held = max(held, decoded_budget.used())
     assert n == SHARDS * 8
-    assert held <= decompressed.LIMIT
+    assert held <= decoded_budget.LIMIT

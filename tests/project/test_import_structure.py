@@ -43,7 +43,7 @@ def test_import_shardfeed_loader_imports_no_submodule_and_nothing_heavy(aot):
     heavy = [m for m in added if m in NEVER or m.split(".")[0] in ("pyarrow", "numba", "xxhash")]
     assert heavy == []
     ours = [m for m in added if m.startswith("shardfeed.")]
-    assert ours == ["shardfeed.formats", "shardfeed.formats.lazy", "shardfeed.loader"]
+    assert ours == ["shardfeed.formats", "shardfeed.formats.base", "shardfeed.formats.base.lazy", "shardfeed.loader"]
 
 
 # what no import of the loader's names needs, compiled kernels or not (numba: imported at the first
@@ -94,10 +94,10 @@ def test_first_batch_of_a_local_tar_read_imports_only_what_the_read_needs(tmp_pa
 # compressed shards, scanning a foreign tar, and ShardInfo (writers, the log): a local tar read with an
 # index imports none of them (issue #24)
 NOT_FOR_A_TAR_READ = ("shardfeed.formats.commit_log", "shardfeed.loader.feeds.stream_log",
-                      "shardfeed.formats.engine.columns", "shardfeed.formats.engine.group_share",
-                      "shardfeed.formats.engine.decoded_groups", "shardfeed.formats.engine.group_decode",
+                      "shardfeed.formats.engine.columns", "shardfeed.formats.engine.row_group_share",
+                      "shardfeed.formats.engine.row_group_cache", "shardfeed.formats.engine.row_group_threads",
                       "shardfeed.formats.staging", "shardfeed.formats.arrow_checksums",
-                      "shardfeed.formats.engine.decompress_ahead", "shardfeed.formats.index_scan",
+                      "shardfeed.formats.engine.decompress_thread", "shardfeed.formats.index_scan",
                       "shardfeed.formats.shard_info")
 
 # counts what a fresh process builds at start-up: dataclasses (each compiles its generated methods) and

@@ -30,6 +30,34 @@ def test_shuffling_and_cache_stay_apart():
     assert not side, "shuffling and cache import each other:\n" + "\n".join(side)
 
 
+# what shuffling may take from formats: the compile layer and the base of helpers that know no format
+SHUFFLING_TAKES_FROM_FORMATS = ("formats.compiler", "formats.base")
+
+
+def formats_imports_of_shuffling(root: str = layout.ROOT) -> list[str]:
+    """shuffling's imports of formats outside the compile layer and the base (a format, an index, a reader)."""
+    return [e for e in layout.package_graph(root).get(("shuffling", "formats"), [])
+            if not any(e.split(" -> ")[1] == p or e.split(" -> ")[1].startswith(p + ".")
+                       for p in SHUFFLING_TAKES_FROM_FORMATS)]
+
+
+def test_shuffling_takes_only_the_compile_layer_and_the_base_from_formats():
+    other = formats_imports_of_shuffling()
+    assert not other, ("shuffling imports formats beyond formats/compiler/ and formats/base/ (move the helper into "
+                       "formats/base/ if it knows no format):\n" + "\n".join(other))
+
+
+# packages with no cycle among their own modules; the rest are named on docs/architecture.md
+NO_CYCLE_INSIDE = ("formats",)
+
+
+def test_no_cycle_inside_packages():
+    """A module imports nothing that imports it back, function-level imports included (a lazy import
+    is still a dependency): each package is a stack of modules, not a knot."""
+    found = {pkg: layout.cycles(layout.inside(pkg)) for pkg in NO_CYCLE_INSIDE}
+    assert found == {pkg: [] for pkg in NO_CYCLE_INSIDE}, f"cycles inside packages: {found}"
+
+
 def test_no_cycle_between_packages():
     graph = {}
     for a, b in layout.package_graph():
@@ -61,6 +89,14 @@ def test_the_measurement_sees_real_edges(tmp_path):
     assert layout.cycles(layout.module_graph(str(tmp_path))) == [["formats.a", "loader.b"]]
     assert layout.inside("loader", str(tmp_path)) == {"b": set(), "c": {"b"}}
     assert layout.line_counts(str(tmp_path))["loader/b.py"] == 402
+    for sub in ("compiler", "base"):
+        (tmp_path / "formats" / sub).mkdir()
+        (tmp_path / "formats" / sub / "__init__.py").write_text("")
+        (tmp_path / "formats" / sub / "h.py").write_text("")
+    (tmp_path / "shuffling" / "s.py").write_text(
+        "from shardfeed.formats.compiler.h import x\nfrom shardfeed.formats.base import h\n"
+        "from shardfeed.formats import a\n")
+    assert formats_imports_of_shuffling(str(tmp_path)) == ["shuffling.s -> formats", "shuffling.s -> formats.a"]
 
 
 # Two modules never share a file name, in one package or across packages: a name says what its module

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import labelled_sample
 from shardfeed.formats import ShardError, ShardWriter
-from shardfeed.formats.index import _FEW_NAMES, check_shard_names
+from shardfeed.formats.own_tables import _FEW_NAMES, check_shard_names
 from shardfeed.formats.sidecar import as_numpy, decode_dictionary
 
 FIRST_BATCH = """
@@ -121,7 +121,7 @@ print(json.dumps({{"full_in_start_up": start_up, "enabled": gc.isenabled(), "see
 
 @pytest.mark.parametrize("disabled", [False, True])
 def test_start_up_runs_no_full_collection_and_leaves_the_collector_as_it_was(tmp_path, disabled):
-    """Import, dataset and first batch run with the collector paused (formats/lazy.py): torch's due full
+    """Import, dataset and first batch run with the collector paused (formats/base/lazy.py): torch's due full
     pass stays out of them, and the collector comes back as the program had it."""
     root = str(tmp_path / "ds")
     with ShardWriter(root, format="tar", max_shard_samples=10) as w:

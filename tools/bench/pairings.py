@@ -85,8 +85,9 @@ def write_dataset(folder: str, fmt: str, count: int, size: int) -> None:
 def gzip_dataset(folder: str) -> None:
     """Turn a tar dataset into a .tar.gz one in place: shards, sidecars, index."""
     from shardfeed.formats import ShardInfo, open_index, write_index
+    from shardfeed.formats.own_tables import read_sidecar
     from shardfeed.formats.readers import hash_file
-    from shardfeed.formats.sidecar import SIDECAR_SUFFIX, read_sidecar, write_sidecar
+    from shardfeed.formats.sidecar import SIDECAR_SUFFIX, write_sidecar
 
     idx = open_index(folder)
     rows = []

@@ -8,7 +8,7 @@ torch program pays it), then timed from there, in wall and CPU seconds (``time.p
 ``from shardfeed.loader import Loader, ShardDataset``, the dataset and Loader (0 workers) and the
 first batch. Each also reports the next 20 batches' CPU time, and whether a full (generation 2)
 collection ran during start-up or during those 20 batches: start-up pauses the collector
-(formats/lazy.py), so a pass due to torch's objects shows there, not in the start-up figure. A run
+(formats/base/lazy.py), so a pass due to torch's objects shows there, not in the start-up figure. A run
 that imported numba (the compiled kernels did not serve: run ``shardfeed warm``) is counted.
 
 Bytecode: shardfeed's modules are compiled first (``shardfeed warm`` does the same), as an installed

@@ -1,4 +1,4 @@
-"""One process-wide budget for decompressed shards held in memory.
+"""The budget of decoded shard bytes held in memory, one per process (decompressed tars, decoded row groups).
 
 A .tar.gz or .tar.zst shard cannot be seeked, so an open one is held
 decompressed in memory (readers.py). Each is capped on its own
@@ -9,7 +9,7 @@ that would go over first asks the tables of open shards to close their least
 recently used unpinned compressed shards (``add_reclaimer``); if that frees
 too little (the shards of one batch alone exceed it), opening the shard is a
 ShardError naming the setting. Peak use is the budget plus the shards being
-decompressed: the one a read needs and the one decompress_ahead.py's thread
+decompressed: the one a read needs and the one decompress_thread.py's thread
 is on (``try_acquire``: it takes only free budget and closes nothing).
 Read in stored order, a shard is closed well before that: once neither the
 read nor the next one needs it (OpenShards.let_go, from the loader's hint).
@@ -69,7 +69,7 @@ def acquire(nbytes: int, path: str, limit: int | None = None) -> int:
 
 def try_acquire(nbytes: int, limit: int | None = None) -> bool:
     """Count ``nbytes`` if they fit in what is free now, closing nothing
-    (decompress_ahead.py: a guess must never close a shard someone reads)."""
+    (decompress_thread.py: a guess must never close a shard someone reads)."""
     global _used
     limit = LIMIT if limit is None else limit
     with _lock:

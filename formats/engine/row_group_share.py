@@ -1,4 +1,4 @@
-"""Decoded Parquet row groups shared by a loader's worker processes, as Arrow files in /dev/shm.
+"""The share of decoded Parquet row groups between a loader's worker processes, as Arrow files in /dev/shm.
 
 Why: under ``global`` order nearly every batch takes rows from nearly every
 row group, so each of a loader's workers decoded the whole dataset (pyarrow's
@@ -15,7 +15,7 @@ The files belong to the workers of one parent process
 (``/dev/shm/shardfeed-groups-<parent pid>``), named by the shard file's
 device, inode, size and mtime and the group: a shard replaced in place is
 another name, never a stale group. Each file is unlinked once the process
-that published it drops that group (its budget in decompressed.py bounds
+that published it drops that group (its budget in decoded_budget.py bounds
 them, as it bounds its own decoded groups; mappings already open stay valid),
 folders of dead parents are removed by the next loader, and a file is only
 published while the tmpfs keeps at least a quarter free (the loader's batches

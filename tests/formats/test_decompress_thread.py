@@ -1,4 +1,4 @@
-"""Compressed tar shards decompressed ahead of their read (formats/engine/decompress_ahead.py).
+"""Compressed tar shards decompressed ahead of their read (formats/engine/decompress_thread.py).
 
 A reader's next compressed shards are decompressed by a background thread;
 the batches must be exactly those of the same samples stored as plain tar,
@@ -18,9 +18,9 @@ import pytest
 
 from conftest import labelled_sample
 from shardfeed.formats import ShardError, ShardWriter
-from shardfeed.formats.engine import decompressed
-from shardfeed.formats.engine.decompress_ahead import DecompressAhead, claim
-from shardfeed.formats.index import open_index
+from shardfeed.formats.engine import decoded_budget
+from shardfeed.formats.engine.decompress_thread import DecompressAhead, claim
+from shardfeed.formats.open_dataset import open_index
 from shardfeed.loader import Loader, ShardDataset
 
 N, SHARD, BATCH = 1200, 200, 50  # 6 shards of 4 batches each
@@ -72,7 +72,7 @@ def test_same_batches_as_tar(datasets, fmt, workers):
     assert got == want
     if workers == 0:  # shards after the first were handed over ready, not decompressed by the read
         assert seen[-1] >= 3
-    assert decompressed.used() == 0
+    assert decoded_budget.used() == 0
     assert not _ahead_threads()
 
 
@@ -109,7 +109,7 @@ def test_damaged_shard_raised_at_its_read(datasets, tmp_path, workers):
     # everything before shard 3 and nothing of it (its batches start at sample 600)
     assert delivered == [f"{i:08d}" for i in range(3 * SHARD)]
     assert not _ahead_threads()
-    assert decompressed.used() == 0
+    assert decoded_budget.used() == 0
 
 
 def test_budget_holds_with_small_limit(datasets, monkeypatch):
@@ -119,24 +119,24 @@ def test_budget_holds_with_small_limit(datasets, monkeypatch):
     # the budget is the process's: shards an earlier test's readers still hold (until the collector
     # frees them) count in it, so the room is given on top of what is held when this test starts
     gc.collect()
-    held = decompressed.used()
+    held = decoded_budget.used()
     limit = held + int(size * 2.5)
-    monkeypatch.setattr(decompressed, "LIMIT", limit)
+    monkeypatch.setattr(decoded_budget, "LIMIT", limit)
     peak = []
-    real, real_try = decompressed.acquire, decompressed.try_acquire
+    real, real_try = decoded_budget.acquire, decoded_budget.try_acquire
 
     def counting(nbytes, path, limit=None):
         got = real(nbytes, path, limit)
-        peak.append(decompressed.used())
+        peak.append(decoded_budget.used())
         return got
 
     def counting_try(nbytes, limit=None):
         got = real_try(nbytes, limit)
-        peak.append(decompressed.used())
+        peak.append(decoded_budget.used())
         return got
 
-    monkeypatch.setattr(decompressed, "acquire", counting)
-    monkeypatch.setattr(decompressed, "try_acquire", counting_try)
+    monkeypatch.setattr(decoded_budget, "acquire", counting)
+    monkeypatch.setattr(decoded_budget, "try_acquire", counting_try)
     reads = []  # decompressions by the read itself (the thread's are not counted)
     from shardfeed.formats import readers
 
@@ -156,7 +156,7 @@ def test_budget_holds_with_small_limit(datasets, monkeypatch):
     # shard the next batches read (which its next batch would decompress again)
     assert len(reads) == len(set(reads))
     gc.collect()
-    assert decompressed.used() == held
+    assert decoded_budget.used() == held
 
 
 def test_one_decompression_per_shard_and_close(datasets):
@@ -176,12 +176,12 @@ def test_one_decompression_per_shard_and_close(datasets):
         got = claim(index.path(1))  # waits for it if it is in flight
         assert got is not None and len(got[0]) == got[1]
         assert claim(index.path(1)) is None  # handed over once
-        decompressed.release(got[1])
+        decoded_budget.release(got[1])
         ahead.want([])  # the plan moved on: shard 2 (ready or not) is given back
     finally:
         ahead.close()
     assert calls.count(index.path(1)) == 1 and calls.count(index.path(2)) <= 1
-    assert decompressed.used() == 0
+    assert decoded_budget.used() == 0
     assert not _ahead_threads()
 
 
@@ -236,7 +236,7 @@ def test_room_reserved_for_guesses_gives_way_to_a_read(datasets, monkeypatch):
     index = open_index(datasets["tar.zst"])
     paths = [index.path(s) for s in (1, 2)]
     size = len(load_tar_stream(paths[0], "tar.zst"))
-    monkeypatch.setattr(decompressed, "LIMIT", decompressed.used() + int(size * 2.5))
+    monkeypatch.setattr(decoded_budget, "LIMIT", decoded_budget.used() + int(size * 2.5))
     go, started = threading.Event(), threading.Event()
 
     def slow(path, fmt):
@@ -252,13 +252,13 @@ def test_room_reserved_for_guesses_gives_way_to_a_read(datasets, monkeypatch):
         assert started.wait(30)  # shard 1 running, shard 2 queued, each with its room reserved
         assert {e.state for e in ahead._entries.values()} == {"running", "queued"}
         for name in ("a", "b"):  # a read of two other shards: only the guesses hold the budget
-            held.append(decompressed.acquire(size, name))
-        assert decompressed.used() <= decompressed.LIMIT
+            held.append(decoded_budget.acquire(size, name))
+        assert decoded_budget.used() <= decoded_budget.LIMIT
         go.set()
         assert claim(paths[1]) is None  # shard 2's room went to the read: it was dropped
     finally:
         go.set()
         ahead.close()
         for n in held:
-            decompressed.release(n)
-    assert decompressed.used() == 0
+            decoded_budget.release(n)
+    assert decoded_budget.used() == 0

@@ -1,4 +1,4 @@
-"""A batch's missing Parquet row groups decoded on two threads before its rows are placed.
+"""The decode threads: a batch's missing Parquet row groups decoded on two threads before its rows are placed.
 
 Why: under ``global`` order a batch takes a row or two from nearly every row
 group, so the first batch of a pass decodes nearly every group of the dataset
@@ -9,7 +9,7 @@ shards' groups decode at once on two cores.
 
 Only where the reader was allowed threads (the process that reads at
 ``num_workers=0``; a worker already has a core of its own, and its siblings
-share decoded groups through group_share.py). The groups of one shard stay on
+share decoded groups through row_group_share.py). The groups of one shard stay on
 one thread: its reader (one ``ParquetFile``, its last-group memo) is never used
 from two threads at once. The helper only fills the decoded-group store: a
 group it could not decode or keep (a damaged group, the budget held) is decoded

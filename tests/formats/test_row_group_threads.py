@@ -1,4 +1,4 @@
-"""A global batch's missing Parquet row groups decoded on two threads (formats/engine/group_decode.py).
+"""A global batch's missing Parquet row groups decoded on two threads (formats/engine/row_group_threads.py).
 
 The helper only fills the decoded-group store: batches, keys and bytes are
 those of one thread, and a damaged group raises (or is skipped) on the

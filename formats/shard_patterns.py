@@ -1,4 +1,4 @@
-"""Shard sources written the WebDataset way: brace patterns, globs and lists.
+"""Shard patterns: a source written the WebDataset way (brace patterns, globs, lists) expanded to shard paths.
 
 ``shards-{000000..000099}.tar``, ``{train,val}/*.tar`` or ``[a.tar, b.tar]``
 name shard files; ``expand_source`` turns any of them into paths, in order.

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from conftest import labelled_sample
 from shardfeed.formats import ShardError, expand_braces, expand_source, open_index, open_shard
 from shardfeed.formats.index import INDEX_NAME
-from shardfeed.formats.sources import count_braces
+from shardfeed.formats.shard_patterns import count_braces
 
 
 def _foreign_tar(path, first: int, n: int) -> str:

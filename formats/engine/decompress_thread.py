@@ -1,4 +1,4 @@
-"""Decompress the next compressed tar shards of a reader in a background thread.
+"""The decompression thread: a reader's next compressed tar shards decompressed in the background.
 
 A .tar.gz / .tar.zst shard is decompressed whole when a read first needs it
 (readers.py); in stored order that happens inside the steady pass, once per
@@ -15,9 +15,9 @@ use, shards already open left out. The thread decompresses the first
 waits for a decompression in flight (never a second one of the same shard)
 or gets None and decompresses itself, as before.
 
-Budget (decompressed.py): a ready shard counts against the process-wide
+Budget (decoded_budget.py): a ready shard counts against the process-wide
 budget from the moment it is decompressed until its reader closes. The
-thread only takes budget that is free (``decompressed.try_acquire``, no
+thread only takes budget that is free (``decoded_budget.try_acquire``, no
 reclaiming: the table of open shards belongs to the reading thread, and a
 shard a batch has pinned is never closed for a guess). A shard that did not
 fit is dropped and, once its size is known, the next ``want`` (on the
@@ -45,7 +45,7 @@ import os
 import threading
 import weakref
 
-from shardfeed.formats.engine import decompressed
+from shardfeed.formats.engine import decoded_budget
 
 DEPTH = 2  # compressed shards decompressed ahead (ready or in flight) per reading process
 
@@ -99,7 +99,7 @@ class DecompressAhead:
         self.claimed = 0  # of those, handed to a read
         with _live_lock:
             _live.add(self)
-        decompressed.add_reclaimer(self.reclaim)
+        decoded_budget.add_reclaimer(self.reclaim)
 
     # -- the reading thread ------------------------------------------------
     def want(self, upcoming) -> None:
@@ -128,12 +128,12 @@ class DecompressAhead:
             size = self._sizes.get(path)
             if size is not None:  # did not fit before: make room now, as a read would (nothing is pinned)
                 try:
-                    reserved = decompressed.acquire(size, path)
+                    reserved = decoded_budget.acquire(size, path)
                 except Exception:  # noqa: BLE001 - no room even so: the read decompresses it itself
                     continue
             with self._cv:
                 if self._stop:
-                    decompressed.release(reserved)
+                    decoded_budget.release(reserved)
                     return
                 self._entries[path] = _Entry(path, fmt, reserved)
                 self._cv.notify_all()
@@ -190,7 +190,7 @@ class DecompressAhead:
                     reserved, e.reserved = e.reserved, 0
                 if reserved >= n:  # made room for it (want): it is counted already
                     budget, state = reserved, "ready"
-                elif decompressed.release(reserved) or decompressed.try_acquire(n):
+                elif decoded_budget.release(reserved) or decoded_budget.try_acquire(n):
                     budget, state = n, "ready"
                 else:
                     self._sizes[e.path] = n
@@ -216,7 +216,7 @@ class DecompressAhead:
             n = e.budget + e.reserved
             e.budget = e.reserved = 0
             e.data = None
-        decompressed.release(n)
+        decoded_budget.release(n)
 
     def reclaim(self, nbytes: int) -> None:
         """Give back what this thread holds for guesses, farthest first (a read needs the
@@ -237,7 +237,7 @@ class DecompressAhead:
                     e.reserved = 0
         for e in dropped:
             self._free(e)
-        decompressed.release(revoked)
+        decoded_budget.release(revoked)
 
     def close(self) -> None:
         with self._cv:

@@ -1,7 +1,7 @@
-"""Decoded Parquet row groups of every open shard, kept least recently used first out.
+"""The cache of decoded Parquet row groups of every open shard, least recently used first out.
 
 Counted against the process-wide budget for decoded shard bytes held in
-memory (decompressed.py, shared with compressed tars), which calls
+memory (decoded_budget.py, shared with compressed tars), which calls
 ``reclaim`` when it is short. Why keep them: under ``global`` order each batch
 takes a row or two from each of many row groups (columns.py).
 """
@@ -11,13 +11,13 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-from shardfeed.formats.engine import decompressed
+from shardfeed.formats.engine import decoded_budget
 from shardfeed.formats.errors import ShardError
 
 
 class DecodedGroups:
     """Decoded Parquet row groups of every open shard, LRU, counted against
-    decompressed.py's budget (which calls ``reclaim`` when it is short)."""
+    decoded_budget.py's budget (which calls ``reclaim`` when it is short)."""
 
     def __init__(self):
         self._lock = threading.RLock()
@@ -36,7 +36,7 @@ class DecodedGroups:
         # acquire may call reclaim (which takes our lock) while holding the
         # budget's lock: never call it with our lock held
         try:
-            nbytes = decompressed.acquire(max(int(item.nbytes), 1), path)
+            nbytes = decoded_budget.acquire(max(int(item.nbytes), 1), path)
         except ShardError:
             return  # the budget is held by shards in use: decode this group again when next needed
         with self._lock:
@@ -44,7 +44,7 @@ class DecodedGroups:
             self._groups[(view, g)] = (item, nbytes)
             self.kept[view] = self.kept.get(view, 0) + (old is None)
         if old is not None:
-            decompressed.release(old[1])
+            decoded_budget.release(old[1])
 
     def reclaim(self, nbytes: int) -> None:
         freed = []
@@ -55,14 +55,14 @@ class DecodedGroups:
                 freed.append(n)
                 nbytes -= n
         for n in freed:
-            decompressed.release(n)
+            decoded_budget.release(n)
 
     def drop_group(self, view: int, g: int) -> None:
         with self._lock:
             got = self._groups.pop((view, g), None)
             self.kept[view] = self.kept.get(view, 0) - (got is not None)
         if got is not None:
-            decompressed.release(got[1])
+            decoded_budget.release(got[1])
 
     def drop(self, view: int) -> None:
         with self._lock:
@@ -70,7 +70,7 @@ class DecodedGroups:
             self.kept.pop(view, None)
             freed = [self._groups.pop(k)[1] for k in gone]
         for n in freed:
-            decompressed.release(n)
+            decoded_budget.release(n)
 
     def nbytes(self) -> int:
         with self._lock:
@@ -78,4 +78,4 @@ class DecodedGroups:
 
 
 DECODED = DecodedGroups()
-decompressed.add_reclaimer(DECODED.reclaim)
+decoded_budget.add_reclaimer(DECODED.reclaim)

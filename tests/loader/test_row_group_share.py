@@ -1,5 +1,5 @@
 """A loader's workers decode each Parquet row group once between them
-(formats/engine/group_share.py) and deliver exactly the batches of one
+(formats/engine/row_group_share.py) and deliver exactly the batches of one
 process, across a resume; a lock holder that goes away, a damaged or stale
 file and a dead parent's folder cost a decode, never a wrong batch or a hang."""
 
@@ -19,7 +19,7 @@ import pytest
 
 from conftest import labelled_sample
 from shardfeed.formats import ShardWriter, open_index
-from shardfeed.formats.engine import group_share
+from shardfeed.formats.engine import row_group_share
 from shardfeed.formats.writer import _ColumnarShard
 from shardfeed.loader import Loader, ShardDataset
 
@@ -39,7 +39,7 @@ def _parquet(root, n=240):
 
 
 def _collate_with_counts(samples):
-    share = group_share.active()
+    share = row_group_share.active()
     counts = (os.getpid(), share.published, share.mapped) if share is not None else (os.getpid(), -1, -1)
     return {"__key__": [s["__key__"] for s in samples], "bin": [s["bin"] for s in samples],
             "cls": [int(s["cls"]) for s in samples], "counts": [counts]}
@@ -55,7 +55,7 @@ def _batches(loader, stop=None):
 
 
 def _folder():
-    return os.path.join(group_share.ROOT, f"{group_share.PREFIX}{os.getpid()}")
+    return os.path.join(row_group_share.ROOT, f"{row_group_share.PREFIX}{os.getpid()}")
 
 
 _HOLD = """
@@ -67,7 +67,7 @@ print("held", flush=True)
 time.sleep(1.0)
 """
 
-needs_shm = pytest.mark.skipif(not os.path.isdir(group_share.ROOT), reason="no /dev/shm on this system")
+needs_shm = pytest.mark.skipif(not os.path.isdir(row_group_share.ROOT), reason="no /dev/shm on this system")
 
 
 @needs_shm
@@ -118,7 +118,7 @@ def test_a_lock_let_go_without_a_file_costs_a_decode_not_a_wrong_batch(tmp_path)
         want = _batches(one)
     os.makedirs(_folder(), mode=0o700, exist_ok=True)
     idx = open_index(root)
-    locks = [os.path.join(_folder(), group_share.GroupShare.name(idx.path(s), g) + ".lock")
+    locks = [os.path.join(_folder(), row_group_share.GroupShare.name(idx.path(s), g) + ".lock")
              for s in range(len(idx)) for g in range(2)]
     # another process holds them (a lock of ours would travel into the forked workers) and exits
     holder = subprocess.Popen([sys.executable, "-c", _HOLD, *locks], stdout=subprocess.PIPE)
@@ -133,7 +133,7 @@ def test_a_lock_let_go_without_a_file_costs_a_decode_not_a_wrong_batch(tmp_path)
 
 @needs_shm
 def test_a_damaged_or_foreign_file_is_decoded_again():
-    folder = pathlib.Path(tempfile.mkdtemp(dir=group_share.ROOT))  # a tmpfs: publishing checks its free space
+    folder = pathlib.Path(tempfile.mkdtemp(dir=row_group_share.ROOT))  # a tmpfs: publishing checks its free space
     try:
         _damaged_or_foreign(folder)
     finally:
@@ -141,7 +141,7 @@ def test_a_damaged_or_foreign_file_is_decoded_again():
 
 
 def _damaged_or_foreign(folder):
-    share = group_share.GroupShare(str(folder))
+    share = row_group_share.GroupShare(str(folder))
     table = pa.table({"__key__": ["a", "b"], "bin": pa.array([b"x", b"yy"], pa.large_binary())})
     decoded = []
 
@@ -152,10 +152,10 @@ def _damaged_or_foreign(folder):
     (folder / "g.arrow").write_bytes(b"ARROW1\0\0 not an arrow file")
     got = share.load("g.arrow", decode, wait=True)
     assert decoded == [1] and got.equals(table) and share.published == 1
-    again = group_share.GroupShare(str(folder)).load("g.arrow", decode, wait=True)
+    again = row_group_share.GroupShare(str(folder)).load("g.arrow", decode, wait=True)
     assert decoded == [1] and again.equals(table)  # the published file, mapped
     os.symlink(str(folder / "g.arrow"), str(folder / "link.arrow"))
-    assert group_share.GroupShare._map(str(folder / "link.arrow")) is None  # links are not followed
+    assert row_group_share.GroupShare._map(str(folder / "link.arrow")) is None  # links are not followed
     del got, again
     import gc
 
@@ -169,13 +169,13 @@ def test_the_folder_of_a_dead_parent_is_removed(tmp_path):
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     pid = gone.pid
-    dead = root / f"{group_share.PREFIX}{pid}"
+    dead = root / f"{row_group_share.PREFIX}{pid}"
     dead.mkdir()
     (dead / "x.arrow").write_bytes(b"x" * 10)
-    alive = root / f"{group_share.PREFIX}{os.getpid()}"
+    alive = root / f"{row_group_share.PREFIX}{os.getpid()}"
     alive.mkdir()
-    share = group_share.GroupShare.for_workers(str(root))
-    assert share is not None and share.folder == str(root / f"{group_share.PREFIX}{os.getppid()}")
+    share = row_group_share.GroupShare.for_workers(str(root))
+    assert share is not None and share.folder == str(root / f"{row_group_share.PREFIX}{os.getppid()}")
     assert not dead.exists() and alive.exists() and os.path.isdir(share.folder)
 
 
@@ -196,15 +196,15 @@ os.replace(path + ".tmp", path)
 
 @needs_shm
 def test_a_group_published_while_waiting_for_its_lock_is_mapped_not_decoded_again():
-    folder = tempfile.mkdtemp(dir=group_share.ROOT)
+    folder = tempfile.mkdtemp(dir=row_group_share.ROOT)
     try:
         path = os.path.join(folder, "g.arrow")
         holder = subprocess.Popen([sys.executable, "-c", _PUBLISH, path], stdout=subprocess.PIPE)
         assert holder.stdout.readline() == b"held\n"
         decoded = []
-        got = group_share.GroupShare(folder).load("g.arrow", lambda: decoded.append(1), wait=True)
+        got = row_group_share.GroupShare(folder).load("g.arrow", lambda: decoded.append(1), wait=True)
         assert holder.wait(timeout=30) == 0
         assert not decoded and got.column("__key__").to_pylist() == ["p", "q"]
-        assert group_share.GroupShare(folder).load("g.arrow", lambda: decoded.append(1), wait=False) is not None
+        assert row_group_share.GroupShare(folder).load("g.arrow", lambda: decoded.append(1), wait=False) is not None
     finally:
         shutil.rmtree(folder)
