@@ -37,8 +37,8 @@ import time
 
 from tqdm import tqdm
 
-from shardfeed.tools.bench import compare_quality, compare_report, compare_train
-from shardfeed.tools.bench.compare_peers import adapter, peers_python, python_for, run_child, versions
+from shardfeed.tools.bench import compare_quality, compare_report, compare_train, fresh
+from shardfeed.tools.bench.compare_peers import OWN_VENV, adapter, peers_python, python_for, versions
 from shardfeed.tools.bench.report import csv_choices, too_small
 from shardfeed.tools.bench.samples import GENERATOR_VERSION, SampleSpec
 from shardfeed.tools.text import show_progress
@@ -141,8 +141,16 @@ class Run:
         self.written: dict[str, str] = {}
 
     def child(self, lib: str, job: dict) -> dict:
+        """The job (child.py) in a fresh process under the library's interpreter, with its wall time."""
         start = time.perf_counter()
-        r = run_child({"library": lib, **job}, self.args.timeout, python_for(lib, self.peers_py))
+        python = python_for(lib, self.peers_py)
+        job = {"library": lib, **job}
+        if job["mode"] in ("read", "noop"):
+            job["spawned_at"] = time.time()  # the child's fresh_s counts from here
+        r = fresh.run("shardfeed.tools.bench.child:run", job, timeout=self.args.timeout, python=python,
+                      by_path=False, who="the configuration's process (--timeout)")
+        if r.get("status", "").startswith("skipped") and lib in OWN_VENV and python == sys.executable:
+            r["status"] += "; run tools/bench/install_peers.sh to give it its own venv (.venv-peers)"
         return {**r, "wall_s": time.perf_counter() - start}
 
     def folder(self, lib: str, tag: str) -> str:

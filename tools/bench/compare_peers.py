@@ -1,5 +1,5 @@
 """The libraries `shardfeed bench compare` adds to bench read's adapters, and
-the fresh process each configuration runs in.
+the interpreter each runs under.
 
 MosaicML Streaming pins numpy < 2.2 and its package ``__init__`` imports its
 torchvision-based example datasets, and PyPI's torchvision cannot load beside
@@ -20,11 +20,9 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 from shardfeed.tools.bench.peers import ADAPTERS, Adapter, ShardfeedAdapter, _collate_dicts, _per_shard
 
-RESULT_PREFIX = "BENCH_RESULT "
 # Which libraries run under the peers' venv instead of this interpreter.
 OWN_VENV = {"streaming"}
 _CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -137,36 +135,6 @@ def adapter(name: str) -> Adapter:
     return {**ADAPTERS, **EXTRA}[name]
 
 
-def child_main(job_json: str) -> None:
-    """Entry of a configuration's fresh process: bench/child.py with the adapters
-    above added, and the trainer job of compare_train."""
-    ADAPTERS.update(EXTRA)
-    from shardfeed.tools.bench import child
-    job = json.loads(job_json)
-    if job["mode"] == "noop":  # the harness's own imports, then nothing: the fresh-process baseline
-        from shardfeed.tools.bench import child
-        print(RESULT_PREFIX + json.dumps(child.run(job)), flush=True)
-        return
-    if job["mode"] == "write_all":  # one process writes all of a library's datasets: fewer interpreter starts
-        print(RESULT_PREFIX + json.dumps({"results": [child.run(j) for j in job["jobs"]]}), flush=True)
-        return
-    if job["mode"] != "train":
-        child.main([job_json])
-        return
-    a = ADAPTERS[job["library"]]
-    try:
-        a.load(read=True)
-        from shardfeed.tools.bench.compare_train import run_train
-        result = run_train(job, a)
-    except ImportError as e:
-        result = {"status": f"{'skipped' if a.peer else 'error'}: cannot import ({child._short(e)})"}
-    except Exception as e:
-        import traceback
-        traceback.print_exc()
-        result = {"status": f"error: {child._short(e)}"}
-    print(RESULT_PREFIX + json.dumps(result), flush=True)
-
-
 def peers_python(given: str | None) -> str | None:
     """The interpreter of the peers' venv: --peers-python, else $SHARDFEED_PEERS_PYTHON,
     else .venv-peers beside this checkout when it exists; None when there is none."""
@@ -179,24 +147,6 @@ def peers_python(given: str | None) -> str | None:
 
 def python_for(library: str, peers_py: str | None) -> str:
     return peers_py if library in OWN_VENV and peers_py else sys.executable
-
-
-def run_child(job: dict, timeout: float, python: str = sys.executable) -> dict:
-    code = "import sys; from shardfeed.tools.bench.compare_peers import child_main; child_main(sys.argv[1])"
-    if job.get("mode") in ("read", "noop"):
-        job = {**job, "spawned_at": time.time()}  # the child's fresh_s counts from here
-    try:
-        done = subprocess.run([python, "-c", code, json.dumps(job)], capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"status": f"error: no result after {timeout:.0f} s (--timeout)"}
-    for line in reversed(done.stdout.splitlines()):
-        if line.startswith(RESULT_PREFIX):
-            r = json.loads(line[len(RESULT_PREFIX):])
-            if r.get("status", "").startswith("skipped") and job["library"] in OWN_VENV and python == sys.executable:
-                r["status"] += "; run tools/bench/install_peers.sh to give it its own venv (.venv-peers)"
-            return r
-    tail = (done.stderr.strip().splitlines() or ["no output"])[-1][:300]
-    return {"status": f"error: process exited {done.returncode} without a result ({tail})"}
 
 
 VERSIONED = ("shardfeed", "torch", "numpy", "pyarrow", "webdataset", "litdata", "mosaicml-streaming")

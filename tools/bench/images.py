@@ -192,13 +192,12 @@ def _dali_python(given: str | None) -> str | None:
 
 
 def _dali_pass(python: str | None, where: dict, size: int, workers: int, n: int) -> dict:
-    from shardfeed.tools.bench import images_dali
-    from shardfeed.tools.bench.child import result_of
+    from shardfeed.tools.bench import fresh
     if python is None:
         return {"status": "skipped: no venv with DALI (WITH_DALI=1 tools/bench/install_peers.sh makes .venv-dali; "
                           "or --dali-python / $SHARDFEED_DALI_PYTHON)"}
     job = {"root": where["files"], "size": size, "workers": workers, "n": n, "batch": BATCH}
-    return result_of([python, images_dali.__file__, json.dumps(job)], images_dali.RESULT, 1800,
+    return fresh.run("shardfeed.tools.bench.images_dali:main", job, timeout=1800, python=python, by_path=True,
                      who="DALI's process")
 
 

@@ -30,7 +30,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,7 +44,6 @@ CACHES = ("none", "dir", "http")
 WORKERS = (0, 2)
 SHARDS = 8
 BATCH = 256
-RESULT_PREFIX = "PAIRING_RESULT "
 TARGET = 0.5  # within 2x of tar: at least half its rate
 
 
@@ -106,7 +104,8 @@ def gzip_dataset(folder: str) -> None:
 
 
 # -- one configuration, in a fresh process --------------------------------------
-def run_child(job: dict) -> dict:
+def one_pass(job: dict) -> dict:
+    """One configuration's timed pass (run in a fresh process by fresh.run)."""
     from shardfeed.loader import Loader, ShardDataset
     from shardfeed.tools.bench.samples import ContentCheck
 
@@ -131,13 +130,9 @@ def run_child(job: dict) -> dict:
 
 
 def _spawn(job: dict) -> dict:
-    res = subprocess.run([sys.executable, "-m", "shardfeed.tools.bench.pairings", "--child", json.dumps(job)],
-                         capture_output=True, text=True, timeout=600)
-    for line in reversed(res.stdout.splitlines()):
-        if line.startswith(RESULT_PREFIX):
-            return json.loads(line[len(RESULT_PREFIX):])
-    tail = (res.stderr.strip().splitlines() or ["no output"])[-1]
-    return {"status": f"error: exit {res.returncode}: {tail[:300]}"}
+    from shardfeed.tools.bench import fresh
+
+    return fresh.run("shardfeed.tools.bench.pairings:one_pass", job, timeout=600)
 
 
 # -- the matrix -----------------------------------------------------------------
@@ -284,16 +279,6 @@ def render(results: list[dict], args, counts: dict) -> str:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--child":
-        try:
-            result = run_child(json.loads(sys.argv[2]))
-        except Exception as e:  # reported as the configuration's status, traceback on stderr
-            import traceback
-            traceback.print_exc()
-            result = {"status": f"error: {type(e).__name__}: {str(e)[:300]}"}
-        sys.stdout.flush()
-        print(RESULT_PREFIX + json.dumps(result), flush=True)
-        sys.exit(0)
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_arguments(p)
     sys.exit(main(p.parse_args()))

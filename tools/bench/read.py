@@ -3,7 +3,7 @@
 Every library writes the same deterministic samples (2 KiB and 100 KiB
 payloads) with its own writer, then reads them through its usual PyTorch
 path with 0 and 2 workers, shuffle off and on. Each configuration runs in a
-fresh process (`bench_child`), its whole process tree's RSS sampled from
+fresh process (child.py through fresh.py), its whole process tree's RSS sampled from
 here; every pass is content-checked and a pass with wrong content is
 reported FAILED, never as a number. `cat` of the shards, page cache warm,
 gives the machine's read limit in the same run. shardfeed is also read at a
@@ -28,8 +28,8 @@ import time
 
 from tqdm import tqdm
 
+from shardfeed.tools.bench import fresh
 from shardfeed.tools.bench.peers import ADAPTERS
-from shardfeed.tools.bench.process_tree import run_child
 from shardfeed.tools.bench.report import MIN_BATCHES, csv_choices, too_small
 from shardfeed.tools.bench.samples import GENERATOR_VERSION, SampleSpec
 from shardfeed.tools.text import show_progress
@@ -150,6 +150,12 @@ def expected_for(plan: Plan, size: str, count: int) -> dict:
     return expected
 
 
+def run_pass(job: dict, timeout: float) -> dict:
+    """One job of child.py in a fresh process, the RSS of its whole process tree sampled."""
+    return fresh.run("shardfeed.tools.bench.child:run", job, timeout=timeout, rss=True,
+                     who="the configuration's process (--timeout)")
+
+
 def ensure_dataset(plan: Plan, lib: str, size: str, count: int) -> dict:
     """Writes one library's dataset unless a complete one is there; returns {"status", ...}."""
     lib = ADAPTERS[lib].data_name  # a reader variant shares its library's data
@@ -166,8 +172,8 @@ def ensure_dataset(plan: Plan, lib: str, size: str, count: int) -> dict:
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.rmtree(folder, ignore_errors=True)
     os.makedirs(tmp)
-    result = run_child({"mode": "write", "library": lib, "folder": tmp, "count": count,
-                        "size": SIZES[size]}, plan.timeout)
+    result = run_pass({"mode": "write", "library": lib, "folder": tmp, "count": count, "size": SIZES[size]},
+                      plan.timeout)
     if result.get("status") != "ok":
         shutil.rmtree(tmp, ignore_errors=True)
         return result
@@ -293,7 +299,7 @@ def run_plan(plan: Plan, log=print) -> dict:
             job = {"mode": "read", "library": lib, "folder": plan.folder(lib, size, count), "count": count,
                    "size": SIZES[size], "workers": workers, "shuffle": shuffle,
                    "batch_size": plan.batch_size, "expected": expected[(size, count)]}
-            row.update(_median_result([run_child(job, plan.timeout) for _ in range(plan.repeats)]))
+            row.update(_median_result([run_pass(job, plan.timeout) for _ in range(plan.repeats)]))
         if row["status"] == "ok":
             add_rates(row, limits.get(size), plan.batch_size)
         rows.append(row)

@@ -140,15 +140,9 @@ def _pass(variant, where, window, batch, workers, expected_sum, dtype: str = "ui
             "steady": (count - first[1]) / (end - first[0]) if end > first[0] else None}
 
 
-RESULT = "BENCH_TOKENS_RESULT "
-# Streaming's venv may hold another checkout's shardfeed: its process loads this file by path
-_BY_PATH = ("import importlib.util, sys; s = importlib.util.spec_from_file_location('bench_tokens', sys.argv[1]); "
-            "m = importlib.util.module_from_spec(s); s.loader.exec_module(m); m.child(sys.argv[2])")
-
-
-def child(job_json: str) -> None:
-    """A Streaming process: write the MDS shards from the .bin, or time one pass; prints RESULT + json."""
-    job = json.loads(job_json)
+def child(job: dict) -> dict:
+    """A Streaming process (fresh.run, under Streaming's venv): write the MDS shards from the .bin, or time
+    one pass."""
     try:
         from shardfeed.tools.bench.compare_peers import import_streaming
         mds_writer, _ = import_streaming()
@@ -166,16 +160,14 @@ def child(job_json: str) -> None:
                            job["dtype"])
     except ImportError as e:
         result = {"status": f"skipped: cannot import MosaicML Streaming ({type(e).__name__}: {e})"}
-    except Exception as e:
-        result = {"status": f"error: {type(e).__name__}: {str(e)[:300]}"}
-    print(RESULT + json.dumps(result), flush=True)
+    return result
 
 
 def _in_streaming(python: str, job: dict, timeout: float = 1800) -> dict:
-    from shardfeed.tools.bench.child import result_of
+    from shardfeed.tools.bench import fresh
 
-    return result_of([python, "-c", _BY_PATH, os.path.abspath(__file__), json.dumps(job)], RESULT, timeout,
-                     who="the process")
+    # by path: Streaming's venv may hold another checkout's shardfeed
+    return fresh.run("shardfeed.tools.bench.tokens:child", job, timeout=timeout, python=python, by_path=True)
 
 
 def _streaming_data(folder: str, bin_path: str, window: int, python: str | None, dtype: str) -> str:
