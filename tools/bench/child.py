@@ -28,8 +28,8 @@ from __future__ import annotations
 import time
 import traceback
 
-from shardfeed.tools.bench.compare_peers import adapter
 from shardfeed.tools.bench.fresh import peak_rss_mib, short
+from shardfeed.tools.bench.peers import adapter
 
 
 def _since_spawn(job: dict) -> dict:

@@ -26,7 +26,7 @@ KIB100 = 100 * 1024
 RATES = {"whole": "whole pass", "steady": "steady"}
 
 
-# What "shuffle on with defaults" is for each library (see the adapters in peers.py / compare_peers.py).
+# What "shuffle on with defaults" is for each library (see the adapters in peers.py).
 SHUFFLE_SETTINGS = {
     "shardfeed": 'shuffle="global" (its default order)',
     "webdataset": "shardshuffle over all shards + .shuffle(1000), as documented",

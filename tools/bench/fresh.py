@@ -31,6 +31,11 @@ import traceback
 
 RESULT_PREFIX = "BENCH_RESULT "
 _HERE = os.path.abspath(__file__)
+_CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(_HERE)))
+# the venvs of the libraries that cannot share this interpreter: (folder beside the checkout, environment
+# variable, how to make it)
+VENVS = {"peers": (".venv-peers", "SHARDFEED_PEERS_PYTHON", "tools/bench/install_peers.sh"),
+         "dali": (".venv-dali", "SHARDFEED_DALI_PYTHON", "WITH_DALI=1 tools/bench/install_peers.sh")}
 
 
 def run(target: str, job: dict, *, timeout: float, python: str | None = None, by_path: bool | None = None,
@@ -66,6 +71,17 @@ def run(target: str, job: dict, *, timeout: float, python: str | None = None, by
         result["peak_rss_mib"] = round(max(sampler.peak / 2**20, result.get("child_peak_rss_mib") or 0), 1)
         result["peak_anon_rss_mib"] = round(sampler.peak_anon / 2**20, 1)
     return result
+
+
+def venv_python(venv: str, given: str | None = None) -> str | None:
+    """The interpreter of one of VENVS: ``given`` (an option), else its environment variable, else the
+    folder beside this checkout when it exists; None when there is none. A given path that is not an
+    executable is a ValueError saying how to make the venv."""
+    folder, env, make = VENVS[venv]
+    path = given or os.environ.get(env) or os.path.join(_CHECKOUT, folder, "bin", "python")
+    if given and not (os.path.isfile(given) and os.access(given, os.X_OK)):
+        raise ValueError(f"{given}: not an executable python; make the venv with {make} or leave the option out")
+    return path if os.access(path, os.X_OK) else None
 
 
 def _module_file(module: str) -> str:

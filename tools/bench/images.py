@@ -181,14 +181,12 @@ VARIANTS = [("shardfeed", 224, "exact"), ("shardfeed", 224, "draft"), ("shardfee
 LABELS = {"shardfeed": "shardfeed", "imagefolder": "ImageFolder + PIL DataLoader (torchvision's computation)",
           "webdataset": "webdataset", "dali": "DALI CPU pipeline (readers.file + image_random_crop)",
           "ffcv": "FFCV"}
-_CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _dali_python(given: str | None) -> str | None:
-    if given == "none":
-        return None
-    path = given or os.environ.get("SHARDFEED_DALI_PYTHON") or os.path.join(_CHECKOUT, ".venv-dali", "bin", "python")
-    return path if os.access(path, os.X_OK) else None
+    from shardfeed.tools.bench import fresh
+
+    return None if given == "none" else fresh.venv_python("dali", given)
 
 
 def _dali_pass(python: str | None, where: dict, size: int, workers: int, n: int) -> dict:

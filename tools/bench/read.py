@@ -44,6 +44,8 @@ DEFAULT_COUNTS = {"2KiB": 65536, "100KiB": 4096}
 # measured start-up and judged targets on it.
 QUICK_COUNTS = {"2KiB": 8192, "100KiB": 2048}
 MANIFEST = "bench-manifest.json"
+# the libraries of this interpreter (Streaming and shardfeed's Parquet and no-copy variants are `bench compare`'s)
+LIBRARIES = ("shardfeed", "shardfeed-mmap", "webdataset", "litdata", "files", "parquet", "parquet-1k")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,8 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples-100k", type=int, default=None, help="number of 100 KiB samples")
     parser.add_argument("--sizes", default=",".join(SIZES),
                         help="comma-separated sample sizes to measure (default: %(default)s)")
-    parser.add_argument("--libraries", default=",".join(ADAPTERS),
-                        help="comma-separated subset of: " + ", ".join(ADAPTERS))
+    parser.add_argument("--libraries", default=",".join(LIBRARIES),
+                        help="comma-separated subset of: " + ", ".join(LIBRARIES))
     parser.add_argument("--workers", default="0,2", help="comma-separated worker counts (default: %(default)s)")
     parser.add_argument("--shuffle", default="off,on", help="off, on or off,on (default: %(default)s)")
     parser.add_argument("--batch-size", type=int, default=256)
@@ -94,7 +96,7 @@ class Plan:
             counts["100KiB"] = _positive(args.samples_100k, "--samples-100k")
         self.counts = counts
         self.sizes = [s for s in SIZES if s in csv_choices(args.sizes, list(SIZES), "sizes")]
-        self.libraries = csv_choices(args.libraries, list(ADAPTERS), "libraries")
+        self.libraries = csv_choices(args.libraries, LIBRARIES, "libraries")
         self.workers = [int(w) for w in csv_choices(args.workers, [str(i) for i in range(65)], "workers")]
         self.shuffles = [s == "on" for s in csv_choices(args.shuffle, ["off", "on"], "shuffle")]
         self.repeats = _positive(args.repeats, "--repeats")

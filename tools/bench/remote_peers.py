@@ -14,7 +14,7 @@ whole dataset would be one shard larger than the cache), and reads them the way 
 - Streaming: ``MDSWriter(columns={key: str, cls: int, bin: bytes}, size_limit=16 samples)``;
   ``StreamingDataset(remote="s3://...", local=DIR, shuffle=True, shuffle_seed=0, batch_size=B,
   cache_limit=LIMIT)`` (its default shuffle_algo "py1e" and block size, predownload 8 x batch) + a torch
-  DataLoader(batch_size=B, num_workers=0). It runs in its own venv (.venv-peers: see compare_peers.py).
+  DataLoader(batch_size=B, num_workers=0). It runs in its own venv (.venv-peers: see peers.py).
 - LitData: ``litdata.optimize(fn, inputs, chunk_size=16, num_workers=1)``;
   ``StreamingDataset("s3://...", cache_dir=DIR, shuffle=True, seed=0, max_cache_size=LIMIT,
   storage_options={endpoint_url, keys})`` + ``StreamingDataLoader(batch_size=B, num_workers=0)``.
@@ -116,7 +116,7 @@ def _epochs(loader, job: dict, set_epoch=None) -> list[dict]:
 
 
 def _streaming():
-    from shardfeed.tools.bench.compare_peers import import_streaming
+    from shardfeed.tools.bench.peers import import_streaming
     return import_streaming()
 
 
@@ -238,7 +238,7 @@ def rows(setup, root: str, data: int, limit: int, bound: float, work: str, timeo
          readers: tuple = (S3_ROW, *READERS)) -> list[dict]:
     """The peers' rows of remote.py's table (and shardfeed's on the same S3 link), one per epoch;
     ``readers``: which of them (tests leave some out)."""
-    from shardfeed.tools.bench.compare_peers import peers_python
+    from shardfeed.tools.bench.peers import adapter, peers_python, python_for
 
     samples, payload, epochs, rate, latency, batch, compute_s = setup
     try:
@@ -269,8 +269,8 @@ def rows(setup, root: str, data: int, limit: int, bound: float, work: str, timeo
         per_sample = data / samples
         block = max(PER_SHARD, int(limit / 2 / per_sample) // PER_SHARD * PER_SHARD)
         for reader, lib in [p for p in (*PEERS, (TUNED, "streaming")) if p[0] in readers]:
-            python = streaming_py if lib == "streaming" else sys.executable
-            if python is None:
+            python = python_for(lib, streaming_py)
+            if adapter(lib).venv and python == sys.executable:
                 out.append(_empty(reader, bound, "skipped: no venv of its own (.venv-peers; run "
                                                  "tools/bench/install_peers.sh or set SHARDFEED_PEERS_PYTHON)"))
                 continue

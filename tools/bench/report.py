@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 SPEEDUP_2K = 2.0
 CAT_FRACTION_100K = 0.5
@@ -282,3 +284,28 @@ def csv_choices(value: str, allowed, what: str) -> list[str]:
     if bad or not items:
         raise ValueError(f"--{what} {value!r}: unknown {bad or 'empty list'}; choose from {', '.join(allowed)}")
     return items
+
+
+VERSIONED = ("shardfeed", "torch", "numpy", "pyarrow", "webdataset", "litdata", "mosaicml-streaming")
+_VERSIONS_CODE = ("import json, sys\nfrom importlib.metadata import version\nout = {'python': sys.version.split()[0]}\n"
+                  "for d in sys.argv[1:]:\n    try:\n        out[d] = version(d)\n    except Exception:\n"
+                  "        out[d] = 'not installed'\nprint(json.dumps(out))")
+
+
+def versions(python: str = sys.executable) -> dict:
+    """Versions of the libraries as ``python`` sees them (this interpreter's without a process)."""
+    if python == sys.executable:
+        from importlib.metadata import PackageNotFoundError, version
+        out = {"python": sys.version.split()[0]}
+        for d in VERSIONED:
+            try:
+                out[d] = version(d)
+            except PackageNotFoundError:
+                out[d] = "not installed"
+        return out
+    try:
+        done = subprocess.run([python, "-c", _VERSIONS_CODE, *VERSIONED], capture_output=True, text=True,
+                              timeout=60, check=True)
+        return json.loads(done.stdout)
+    except (subprocess.SubprocessError, ValueError, OSError) as e:
+        return {"error": f"{python}: {e}"}

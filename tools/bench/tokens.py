@@ -21,7 +21,7 @@ Token ids are uint16 (GPT-2's 50,257-id vocabulary) or, with --dtype uint32, uin
   window of token ids (``ndarray.tobytes()``) per sample; ``StreamingDataset(local=..., shuffle=True,
   shuffle_seed=0, batch_size=B)`` (its default py1e shuffle) + torch ``DataLoader(batch_size=B,
   num_workers)`` whose collate turns each sample back with ``np.frombuffer(..., uint16)`` and stacks.
-  Streaming runs in its own venv (``.venv-peers``, see compare_peers.py): each of its passes is a process
+  Streaming runs in its own venv (``.venv-peers``, see peers.py): each of its passes is a process
   of that venv's python, timed inside it from the dataset's construction as the other passes are (its
   imports are not timed, as theirs are not). Without that venv its rows say "skipped" and why.
 - **Memory bandwidth**: ``numpy.copyto`` of a 256 MiB array (page-faulted first), bytes of the source
@@ -104,7 +104,7 @@ def _batches(variant: str, where, window: int, batch: int, workers: int, dtype: 
     if variant == "streaming":
         from torch.utils.data import DataLoader
 
-        from shardfeed.tools.bench.compare_peers import import_streaming
+        from shardfeed.tools.bench.peers import import_streaming
         _, streaming_dataset = import_streaming()
         dataset = streaming_dataset(local=where, shuffle=True, shuffle_seed=0, batch_size=batch)
         import functools
@@ -144,7 +144,7 @@ def child(job: dict) -> dict:
     """A Streaming process (fresh.run, under Streaming's venv): write the MDS shards from the .bin, or time
     one pass."""
     try:
-        from shardfeed.tools.bench.compare_peers import import_streaming
+        from shardfeed.tools.bench.peers import import_streaming
         mds_writer, _ = import_streaming()
         if job["mode"] == "write":
             mm, w = np.memmap(job["bin"], dtype=np.dtype(job["dtype"]), mode="r"), job["window"]
@@ -203,7 +203,7 @@ def main(args: argparse.Namespace) -> int:
     tokens = (np.random.default_rng(0).integers(0, vocab, n)).astype(dtype)
     expected = int(tokens.sum(dtype=np.int64))
     where = _write(data, tokens, args.window)
-    from shardfeed.tools.bench.compare_peers import peers_python
+    from shardfeed.tools.bench.peers import peers_python
     peers_py = None if args.peers_python == "none" else peers_python(args.peers_python)
     where["streaming"] = os.path.join(data, "streaming")
     streaming = _streaming_data(where["streaming"], where["megatron"][0], args.window, peers_py, dtype)
