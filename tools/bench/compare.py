@@ -28,7 +28,6 @@ The full run takes about 10 minutes on 2 cores; --quick about 2.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -37,7 +36,7 @@ import time
 
 from tqdm import tqdm
 
-from shardfeed.tools.bench import compare_quality, compare_report, compare_train, fresh
+from shardfeed.tools.bench import compare_quality, compare_report, compare_train, fresh, results
 from shardfeed.tools.bench.peers import adapter, peers_python, python_for
 from shardfeed.tools.bench.report import csv_choices, too_small, versions
 from shardfeed.tools.bench.samples import GENERATOR_VERSION, SampleSpec
@@ -316,12 +315,9 @@ def main(args: argparse.Namespace) -> int:
         train(run, report)
     report["elapsed_s"] = time.perf_counter() - started
     report["targets"] = compare_report.targets(report)
-    with open(os.path.join(out, "bench_compare.json"), "w") as f:
-        json.dump(report, f, indent=1)
     md = compare_report.render(report)
-    with open(os.path.join(out, "bench_compare.md"), "w") as f:
-        f.write("# shardfeed bench compare\n\n" + md)
-    written = [os.path.join(out, "bench_compare.md"), os.path.join(out, "bench_compare.json")]
+    written = results.write(out, {"bench_compare.md": "# shardfeed bench compare\n\n" + md,
+                                  "bench_compare.json": report})
     if not args.no_plot:
         from shardfeed.tools.bench import compare_plots
         written += compare_plots.write_all(report, out)

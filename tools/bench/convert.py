@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import tempfile
@@ -144,8 +143,7 @@ def main(args) -> int:
     print(f"shard order, 1,000-sample buffer: {q['write_shuffled_shards']:.1f} distinct classes per batch over "
           f"write-shuffled shards, {q['class_ordered_shards']:.1f} over class-ordered ones, perfect "
           f"{q['perfect']:.1f} ({100 * q['write_shuffled_shards'] / q['perfect']:.1f}% of perfect)")
-    path = os.path.join(args.out, "bench_convert.json")
-    with open(path, "w") as f:
-        json.dump(results, f, indent=1)
-    print(f"bench convert: results in {path}")
+    from shardfeed.tools.bench import results as report_writer
+
+    report_writer.write(args.out, {"bench_convert.json": results}, say="convert")
     return 0

@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from shardfeed.formats import ShardInfo, ShardWriter, open_index, open_shard, write_index
 from shardfeed.formats.tar import list_members, scan_headers
-from shardfeed.tools.bench import fresh
+from shardfeed.tools.bench import fresh, results
 from shardfeed.tools.text import show_progress
 
 
@@ -266,17 +266,10 @@ def main(args: argparse.Namespace) -> int:
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)
     text = render(w, rand, small, idx, scan)
-    with open(os.path.join(args.out, "bench_formats.md"), "w") as f:
-        f.write(text)
+    results.write(args.out, {"bench_formats.md": text})
     print(text)
     print(f"bench formats: write {w['write_mbs'] / w['dd_mbs']:.2f} of dd, 100 KiB random read "
           f"{rand['samples_s']:,.0f}/s, index of {idx['shards']:,} shards opens in {idx['arrow']['s']:.3f} s, "
           f"tar scan {scan['members'] / scan['scan_s']:,.0f} members/s; {time.perf_counter() - t_start:.0f} s "
           f"-> {os.path.join(args.out, 'bench_formats.md')}")
     return 0
-
-
-if __name__ == "__main__":
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_arguments(p)
-    sys.exit(main(p.parse_args()))

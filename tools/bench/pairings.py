@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import itertools
-import json
 import os
 import shutil
 import statistics
@@ -150,11 +149,12 @@ def configurations(args) -> list[dict]:
 
 
 def _pick(text: str, allowed, what: str) -> list[str]:
-    got = [t.strip() for t in text.split(",") if t.strip()]
-    bad = [t for t in got if t not in allowed]
-    if bad or not got:
-        raise SystemExit(f"bench pairings: unknown {what} {bad or text!r}; choose from {', '.join(allowed)}")
-    return got
+    from shardfeed.tools.bench.report import csv_choices
+
+    try:
+        return csv_choices(text, allowed, what)
+    except ValueError as e:
+        raise SystemExit(f"bench pairings: {e}") from None
 
 
 def main(args: argparse.Namespace) -> int:
@@ -204,10 +204,10 @@ def main(args: argparse.Namespace) -> int:
             shutil.rmtree(work, ignore_errors=True)
     _ratios(results)
     text = render(results, args, counts)
-    with open(os.path.join(args.out, "bench_pairings.md"), "w") as f:
-        f.write(text)
-    with open(os.path.join(args.out, "bench_pairings.json"), "w") as f:
-        json.dump({"samples": counts, "batch": BATCH, "results": results}, f, indent=1)
+    from shardfeed.tools.bench.results import write
+
+    write(args.out, {"bench_pairings.md": text,
+                     "bench_pairings.json": {"samples": counts, "batch": BATCH, "results": results}})
     print(text)
     ok = sum(r["status"] == "ok" for r in results)
     print(f"bench pairings: {len(results)} configurations, {ok} content-checked ok; "
@@ -276,9 +276,3 @@ def render(results: list[dict], args, counts: dict) -> str:
         label = fmt if size == 2048 else f"{fmt} (100 KiB)"
         L.append(f"| {label} | {order} | {len(rows)} | {met} | {_f(worst_w, '{:.2f}')} | {_f(worst_s, '{:.2f}')} |")
     return "\n".join(L) + "\n"
-
-
-if __name__ == "__main__":
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_arguments(p)
-    sys.exit(main(p.parse_args()))

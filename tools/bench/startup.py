@@ -23,7 +23,6 @@ machine stretches wall time first).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -128,9 +127,7 @@ def main(args: argparse.Namespace) -> int:
                      f"{r['full_gc_in_next20']} | {r['numba']} |")
     text = "\n".join(lines)
     print(text)
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "bench_startup.json"), "w") as f:
-        json.dump(report, f, indent=1)
-    with open(os.path.join(out, "bench_startup.md"), "w") as f:
-        f.write(text + "\n")
+    from shardfeed.tools.bench import results
+
+    results.write(out, {"bench_startup.json": report, "bench_startup.md": text + "\n"})
     return 0 if all(r["ok"] == r["runs"] for r in rows.values()) else 1

@@ -35,7 +35,6 @@ the repeats.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -230,25 +229,20 @@ def main(args: argparse.Namespace) -> int:
                 row[k] = statistics.median(vals) if vals else None
             row["share_of_copy"] = row["steady"] * tokens.itemsize / (bw * 1e9) if row.get("steady") else None
         rows.append(row)
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    from shardfeed.tools.bench import results
+
     report = {"tokens": n, "dtype": dtype, "window": args.window, "batch_size": args.batch_size, "repeat": args.repeat,
-              "copy_gb_s": bw, "machine": f"{os.cpu_count()} cores, 1-min load {load:.1f} at the end", "rows": rows}
+              "copy_gb_s": bw, "machine": results.machine(), "rows": rows}
     labels = {"shardfeed": "shardfeed token windows (global shuffle)",
               "megatron": "Megatron-style .bin/.idx memmap + DataLoader(shuffle=True)",
               "streaming": "MosaicML Streaming, MDS 'bytes' windows (py1e shuffle) + DataLoader"}
-    lines = [f"`shardfeed bench tokens`: {n:,} {dtype} tokens, windows of {args.window:,}, batch {args.batch_size}, "
-             f"median of {args.repeat} passes; numpy copy {bw:.2f} GB/s; {report['machine']}.", "",
-             "| variant | workers | whole pass tokens/s | steady tokens/s | steady share of copy bandwidth | status |",
-             "|---|--:|--:|--:|--:|---|"]
-    for r in rows:
-        f = (lambda v, s=",.0f": "–" if v is None else format(v, s))
-        lines.append(f"| {labels[r['variant']]} | {r['workers']} | {f(r.get('whole'))} | {f(r.get('steady'))} "
-                     f"| {f(r.get('share_of_copy'), '.1%')} | {r['status']} |")
-    md = "\n".join(lines) + "\n"
-    with open(os.path.join(out, "bench_tokens.json"), "w") as fh:
-        json.dump(report, fh, indent=1)
-    with open(os.path.join(out, "bench_tokens.md"), "w") as fh:
-        fh.write("# shardfeed bench tokens\n\n" + md)
+    md = (f"`shardfeed bench tokens`: {n:,} {dtype} tokens, windows of {args.window:,}, batch {args.batch_size}, "
+          f"median of {args.repeat} passes; numpy copy {bw:.2f} GB/s; {report['machine']}.\n\n" + results.table(
+              ["variant", "workers", "whole pass tokens/s", "steady tokens/s", "steady share of copy bandwidth",
+               "status"],
+              [[labels[r["variant"]], r["workers"], results.cell(r.get("whole")), results.cell(r.get("steady")),
+                results.cell(r.get("share_of_copy"), ".1%"), r["status"]] for r in rows], "lrrrrl") + "\n")
+    results.write(out, {"bench_tokens.json": report, "bench_tokens.md": "# shardfeed bench tokens\n\n" + md})
     print(md)
     print(f"bench tokens: wrote {out}/bench_tokens.md and .json", file=sys.stderr)
     return 0 if all(r["status"] == "ok" or r["status"].startswith("skipped") for r in rows) else 1
