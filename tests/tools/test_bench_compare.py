@@ -81,7 +81,7 @@ def test_trainer_rows_have_steps_per_second_and_a_stall_fraction(tiny):
 
 
 def test_every_library_states_its_configuration_and_the_pyarrow_peer_writes_pyarrow_default_groups(tmp_path):
-    from shardfeed.tools.bench.compare_peers import adapter
+    from shardfeed.tools.bench.peers import adapter
     from shardfeed.tools.bench.samples import SampleSpec
 
     for lib in compare.LIBRARIES:

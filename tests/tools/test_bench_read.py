@@ -178,7 +178,7 @@ def test_damaged_data_is_reported_failed_not_as_a_number(small_run, tmp_path):
     with open(victim, "wb") as f:
         f.write(data)
     try:
-        result = bench_read.run_child({"mode": "read", "library": "files", "folder": folder, "count": 600,
+        result = bench_read.run_pass({"mode": "read", "library": "files", "folder": folder, "count": 600,
                                        "size": 2048, "workers": 0, "shuffle": False, "batch_size": 64,
                                        "expected": SampleSpec(600, 2048).expected()}, timeout=120)
     finally:
@@ -301,7 +301,7 @@ def test_peak_rss_is_not_inherited_from_the_spawning_process(small_run):
     _, _, _, args = small_run
     plan = bench_read.Plan(args)
     ballast = b"\x01" * (700 << 20)  # touched pages: this process's peak RSS is now > 700 MiB
-    result = bench_read.run_child({"mode": "read", "library": "files", "folder": plan.folder("files", "2KiB", 600),
+    result = bench_read.run_pass({"mode": "read", "library": "files", "folder": plan.folder("files", "2KiB", 600),
                                    "count": 600, "size": 2048, "workers": 0, "shuffle": False, "batch_size": 64,
                                    "expected": SampleSpec(600, 2048).expected()}, timeout=120)
     del ballast

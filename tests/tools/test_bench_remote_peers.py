@@ -13,7 +13,7 @@ pytest.importorskip("boto3")
 
 from shardfeed.formats import open_index  # noqa: E402
 from shardfeed.tools.bench import remote, remote_peers  # noqa: E402
-from shardfeed.tools.bench.compare_peers import peers_python  # noqa: E402
+from shardfeed.tools.bench.peers import peers_python  # noqa: E402
 from shardfeed.tools.bench.s3_link import BUCKET, COUNTERS_PATH, KEYS, ShapedS3  # noqa: E402
 
 SAMPLES, PAYLOAD, EPOCHS, BATCH = 128, 4096, 2, 8

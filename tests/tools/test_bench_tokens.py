@@ -44,7 +44,7 @@ def test_streaming_windows_are_slices_of_the_stream(tmp_path):
     """MosaicML Streaming's rows, where its venv exists, at uint32 (ids past 65,535): through 0 and 2
     workers every variant's pass delivers the stream's token sum (a wrong window, a lost one or ids read
     as uint16 is FAILED, not a rate)."""
-    from shardfeed.tools.bench.compare_peers import peers_python
+    from shardfeed.tools.bench.peers import peers_python
 
     if peers_python(None) is None:
         pytest.skip("no venv for MosaicML Streaming (tools/bench/install_peers.sh)")

@@ -180,10 +180,9 @@ def main(args: argparse.Namespace) -> int:
         with open(os.path.join(tmp, "results.json")) as fh:
             results = json.load(fh)
     report = _report(results, args)
-    with open(os.path.join(args.out, "balance.json"), "w") as fh:
-        json.dump(results, fh, indent=1)
-    with open(os.path.join(args.out, "balance.md"), "w") as fh:
-        fh.write(report)
+    from shardfeed.tools.bench import results as report_writer
+
+    report_writer.write(args.out, {"balance.json": results, "balance.md": report})
     print(report)
     return 0
 

@@ -21,7 +21,6 @@ Writes cache.md, cache.json and cache.png to --out.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -30,6 +29,8 @@ import threading
 import time
 
 import numpy as np
+
+from shardfeed.tools.bench import results
 
 NODES, RANKS_PER_NODE, BATCH = 2, 2, 4
 FRACTIONS = (0.25, 0.5, 1.0)
@@ -44,8 +45,7 @@ PLANS = [("block", {}), ("global", {}), ("global+locality", {"locality": True})]
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__.strip()
-    if not any("--out" in a.option_strings for a in parser._actions):
-        parser.add_argument("--out", default="bench-results", help="output folder (default: %(default)s)")
+    results.add_out(parser)
     parser.add_argument("--quick", action="store_true", help="an 8 MiB dataset on an 8 MiB/s link (about a minute)")
     parser.add_argument("--setup", default=None, metavar="SHARDS,SAMPLES,SAMPLE_BYTES,LINK_BYTES_PER_S",
                         help="a dataset and link of your own (tests use a tiny one), e.g. 16,4,2048,2000000")
@@ -239,14 +239,7 @@ def markdown(rows, cold, setup, total, checks) -> str:
 
 
 def plot(rows, path: str) -> None:
-    from shardfeed.tools.extras import require
-
-    matplotlib = require("matplotlib", "the benchmark plots")
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    _, fig, (axes,) = results.figure(1, 2, figsize=(11, 4))
     labels = [f"{p}\n{pol}" for p, _ in PLANS for pol in ("belady", "lru")]
     x = np.arange(len(labels))
     for k, f in enumerate(sorted({r["fraction"] for r in rows})):
@@ -259,9 +252,7 @@ def plot(rows, path: str) -> None:
     for ax in axes:
         ax.set_xticks(x, labels, fontsize=7)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    results.save(fig, path, dpi=120)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -308,13 +299,11 @@ def main(args: argparse.Namespace) -> int:
         cold = cold_throughput(index, root, work, setup[3])
     checks = targets(rows)
     text = markdown(rows, cold, setup, total, checks)
-    with open(os.path.join(args.out, "cache.md"), "w") as f:
-        f.write(text)
-    with open(os.path.join(args.out, "cache.json"), "w") as f:
-        json.dump({"setup": dict(zip(("shards", "samples_per_shard", "sample_bytes", "link_bytes_per_s"), setup),
-                                 nodes=NODES, ranks_per_node=RANKS_PER_NODE, batch=BATCH, consumer=CONSUMER),
-                   "dataset_bytes": total, "rows": rows, "cold": cold,
-                   "targets": [{"target": n, "met": ok, "detail": d} for n, ok, d in checks]}, f, indent=1)
+    results.write(args.out, {"cache.md": text, "cache.json": {
+        "setup": dict(zip(("shards", "samples_per_shard", "sample_bytes", "link_bytes_per_s"), setup),
+                      nodes=NODES, ranks_per_node=RANKS_PER_NODE, batch=BATCH, consumer=CONSUMER),
+        "dataset_bytes": total, "rows": rows, "cold": cold,
+        "targets": [{"target": n, "met": ok, "detail": d} for n, ok, d in checks]}})
     if not args.no_plot:
         plot(rows, os.path.join(args.out, "cache.png"))
     print(text, end="")

@@ -29,6 +29,7 @@ import argparse
 import importlib
 import sys
 
+from shardfeed.tools.bench.results import add_out as _add_out
 from shardfeed.tools.text import HelpFormatter
 
 BENCHES = {
@@ -69,11 +70,6 @@ def _load(name: str):
         if e.name != module:
             raise  # the module is there but something it needs is not: a real error
         return None
-
-
-def _add_out(parser: argparse.ArgumentParser) -> None:
-    if not any("--out" in a.option_strings for a in parser._actions):
-        parser.add_argument("--out", default="bench-results", help="folder for the results (default: %(default)s)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

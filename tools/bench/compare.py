@@ -3,7 +3,7 @@ first batch, shuffle quality and the reference trainer.
 
 Each library writes the same deterministic samples (samples.py) with its own
 writer and reads them through its usual PyTorch path (the adapters of
-peers.py and compare_peers.py), each configuration in a fresh process,
+the registry, peers.py), each configuration in a fresh process,
 content-checked (a wrong pass is FAILED, never a number). Four parts:
 
 1. Throughput per configuration (size x workers x shuffle x library): the
@@ -19,7 +19,7 @@ content-checked (a wrong pass is FAILED, never a number). Four parts:
    (compare_train.py).
 4. The issue's targets, judged from the same run (compare_report.py).
 
-MosaicML Streaming runs in its own venv (see compare_peers.py); a peer that
+MosaicML Streaming runs in its own venv (see peers.py); a peer that
 cannot be imported is reported as skipped with the reason, never faked.
 Writes bench_compare.md, bench_compare.json and bench_compare*.png under --out.
 The full run takes about 10 minutes on 2 cores; --quick about 2.
@@ -28,7 +28,6 @@ The full run takes about 10 minutes on 2 cores; --quick about 2.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -37,9 +36,9 @@ import time
 
 from tqdm import tqdm
 
-from shardfeed.tools.bench import compare_quality, compare_report, compare_train
-from shardfeed.tools.bench.compare_peers import adapter, peers_python, python_for, run_child, versions
-from shardfeed.tools.bench.report import csv_choices, too_small
+from shardfeed.tools.bench import compare_quality, compare_report, compare_train, fresh, results
+from shardfeed.tools.bench.peers import adapter, peers_python, python_for
+from shardfeed.tools.bench.report import csv_choices, too_small, versions
 from shardfeed.tools.bench.samples import GENERATOR_VERSION, SampleSpec
 from shardfeed.tools.text import show_progress
 
@@ -141,8 +140,16 @@ class Run:
         self.written: dict[str, str] = {}
 
     def child(self, lib: str, job: dict) -> dict:
+        """The job (child.py) in a fresh process under the library's interpreter, with its wall time."""
         start = time.perf_counter()
-        r = run_child({"library": lib, **job}, self.args.timeout, python_for(lib, self.peers_py))
+        python = python_for(lib, self.peers_py)
+        job = {"library": lib, **job}
+        if job["mode"] in ("read", "noop"):
+            job["spawned_at"] = time.time()  # the child's fresh_s counts from here
+        r = fresh.run("shardfeed.tools.bench.child:run", job, timeout=self.args.timeout, python=python,
+                      by_path=False, who="the configuration's process (--timeout)")
+        if r.get("status", "").startswith("skipped") and adapter(lib).venv and python == sys.executable:
+            r["status"] += "; run tools/bench/install_peers.sh to give it its own venv (.venv-peers)"
         return {**r, "wall_s": time.perf_counter() - start}
 
     def folder(self, lib: str, tag: str) -> str:
@@ -308,12 +315,9 @@ def main(args: argparse.Namespace) -> int:
         train(run, report)
     report["elapsed_s"] = time.perf_counter() - started
     report["targets"] = compare_report.targets(report)
-    with open(os.path.join(out, "bench_compare.json"), "w") as f:
-        json.dump(report, f, indent=1)
     md = compare_report.render(report)
-    with open(os.path.join(out, "bench_compare.md"), "w") as f:
-        f.write("# shardfeed bench compare\n\n" + md)
-    written = [os.path.join(out, "bench_compare.md"), os.path.join(out, "bench_compare.json")]
+    written = results.write(out, {"bench_compare.md": "# shardfeed bench compare\n\n" + md,
+                                  "bench_compare.json": report})
     if not args.no_plot:
         from shardfeed.tools.bench import compare_plots
         written += compare_plots.write_all(report, out)

@@ -6,29 +6,20 @@ from __future__ import annotations
 
 import os
 
+from shardfeed.tools.bench.results import figure, save
+
 
 def _color(lib: str) -> str:
     return "C0" if lib.startswith("shardfeed") else "C7"
 
 
-def _plt():
-    from shardfeed.tools.extras import require
-
-    matplotlib = require("matplotlib", "the benchmark plots")
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
-
-
 def throughput(report: dict, path: str) -> None:
     """One panel per (size, workers): sizes down, worker counts across."""
-    plt = _plt()
     from matplotlib.ticker import NullFormatter
     sizes = sorted({r["size"] for r in report["rows"]}, key=lambda s: int(s[:-3]))
     workers = sorted({r["workers"] for r in report["rows"]})
     most = max(sum(1 for r in report["rows"] if r["size"] == s and r["workers"] == w) for s in sizes for w in workers)
-    fig, axes = plt.subplots(len(sizes), len(workers), figsize=(6.5 * len(workers), (0.3 * most + 1.2) * len(sizes)),
-                             squeeze=False)
+    _, fig, axes = figure(len(sizes), len(workers), figsize=(6.5 * len(workers), (0.3 * most + 1.2) * len(sizes)))
     for (i, s), (j, w) in ((a, b) for a in enumerate(sizes) for b in enumerate(workers)):
         ax = axes[i][j]
         rows = [r for r in report["rows"] if r["size"] == s and r["workers"] == w]
@@ -46,16 +37,14 @@ def throughput(report: dict, path: str) -> None:
         for k, r in enumerate(rows):
             if r["status"] != "ok":
                 ax.text(0.01, k, r["status"].split(":")[0], fontsize=6, va="center", transform=ax.get_yaxis_transform())
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save(fig, path)
 
 
 def first_batch(report: dict, path: str) -> None:
-    plt = _plt()
     size = "2KiB" if "2KiB" in report["counts"] else next(iter(report["counts"]))
     rows = [r for r in report["rows"] if r.get("first_batch_s") and r["size"] == size]
-    fig, ax = plt.subplots(figsize=(7, 0.3 * len(rows) + 1.5))
+    _, fig, axes = figure(figsize=(7, 0.3 * len(rows) + 1.5))
+    ax = axes[0][0]
     labels = [f"{r['library']}, {r['workers']}w, {'shuffled' if r['shuffle'] else 'stored'}" for r in rows]
     ax.barh(labels, [r["first_batch_s"] for r in rows], color=[_color(r["library"]) for r in rows])
     ax.axvline(0.1, color="red", linestyle="--", label="target 0.1 s")
@@ -64,16 +53,13 @@ def first_batch(report: dict, path: str) -> None:
     ax.set_xlabel("seconds from constructing the dataset to the first batch (fresh process)")
     ax.set_title(f"First batch, {size} samples")
     ax.legend(fontsize=8, loc="upper right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save(fig, path)
 
 
 def quality(report: dict, path: str) -> None:
-    plt = _plt()
     q = report["quality"]
     rows = q["rows"]
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 0.35 * len(rows) + 2))
+    _, fig, ((a1, a2),) = figure(1, 2, figsize=(11, 0.35 * len(rows) + 2))
     labels = [f"{r['label']}\n{r['setting']}" for r in rows]
     a1.barh(labels, [r.get("classes_per_batch") or 0 for r in rows], color=[_color(r["library"]) for r in rows])
     a1.axvline(q["ideal"]["classes_per_batch"], color="green", linestyle="--",
@@ -89,15 +75,12 @@ def quality(report: dict, path: str) -> None:
         ax.tick_params(axis="y", labelsize=7)
     a2.set_yticklabels([])
     fig.suptitle("Default shuffle on class-ordered data, one epoch")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save(fig, path)
 
 
 def train(report: dict, path: str) -> None:
-    plt = _plt()
     rows = report["train"]["rows"]
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 0.35 * len(rows) + 2))
+    _, fig, ((a1, a2),) = figure(1, 2, figsize=(10, 0.35 * len(rows) + 2))
     labels = [r["label"] for r in rows]
     colors = [_color(r["library"]) for r in rows]
     a1.barh(labels, [r.get("steps_per_s") or 0 for r in rows], color=colors)
@@ -109,9 +92,7 @@ def train(report: dict, path: str) -> None:
         ax.tick_params(axis="y", labelsize=7)
     a2.set_yticklabels([])
     fig.suptitle(f"Reference trainer fed by each loader, {report['train']['workers']} workers")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save(fig, path)
 
 
 def write_all(report: dict, out: str) -> list[str]:

@@ -21,12 +21,13 @@ from __future__ import annotations
 import os
 
 from shardfeed.tools.bench.report import MIN_BATCHES
+from shardfeed.tools.bench.results import cell, table
 
 KIB100 = 100 * 1024
 RATES = {"whole": "whole pass", "steady": "steady"}
 
 
-# What "shuffle on with defaults" is for each library (see the adapters in peers.py / compare_peers.py).
+# What "shuffle on with defaults" is for each library (see the adapters in peers.py).
 SHUFFLE_SETTINGS = {
     "shardfeed": 'shuffle="global" (its default order)',
     "webdataset": "shardshuffle over all shards + .shuffle(1000), as documented",
@@ -40,10 +41,6 @@ SHUFFLE_SETTINGS = {
 
 def shuffle_setting(library: str, shuffle: bool) -> str:
     return SHUFFLE_SETTINGS.get(library, "shuffle=True") if shuffle else "shuffle off (stored order)"
-
-
-def _fmt(v, spec=",.0f"):
-    return "–" if v is None else format(v, spec)
 
 
 def _on(sh: bool) -> str:
@@ -129,23 +126,19 @@ def targets(report: dict) -> list[dict]:
 
 
 def throughput_table(report: dict) -> str:
-    lines = ["| size | workers | shuffle | library | fresh process /s | whole pass /s | steady /s | steady MB/s "
-             "| import s | first batch s | status |", "|---|--:|---|---|--:|--:|--:|--:|--:|--:|---|"]
+    rows = []
     for r in report["rows"]:
         mb = r["steady"] * r["bytes_per_sample"] / 1e6 if r.get("steady") else None
-        lines.append(f"| {r['size']} | {r['workers']} | {_on(r['shuffle'])} | {r['label']} | {_fmt(r.get('fresh'))} "
-                     f"| {_fmt(r.get('whole'))} | {_fmt(r.get('steady'))} | {_fmt(mb)} "
-                     f"| {_fmt(r.get('import_s'), '.3f')} | {_fmt(r.get('first_batch_s'), '.3f')} "
-                     f"| {r['status'].replace('|', '/')} |")
-    return "\n".join(lines)
+        rows.append([r["size"], r["workers"], _on(r["shuffle"]), r["label"], cell(r.get("fresh")), cell(r.get("whole")),
+                     cell(r.get("steady")), cell(mb), cell(r.get("import_s"), ".3f"),
+                     cell(r.get("first_batch_s"), ".3f"), r["status"]])
+    return table(["size", "workers", "shuffle", "library", "fresh process /s", "whole pass /s", "steady /s",
+                  "steady MB/s", "import s", "first batch s", "status"], rows, "lrllrrrrrrl")
 
 
 def configurations_table(report: dict) -> str:
     """How each library in the run writes and reads (its adapter's CONFIG)."""
-    lines = ["| library | configuration |", "|---|---|"]
-    for label, config in report.get("configurations", {}).values():
-        lines.append(f"| {label} | {config.replace('|', '/')} |")
-    return "\n".join(lines)
+    return table(["library", "configuration"], [list(lc) for lc in report.get("configurations", {}).values()])
 
 
 def quality_table(report: dict) -> str:
@@ -157,15 +150,12 @@ def quality_table(report: dict) -> str:
              f"shards of {q['per_shard']:,}, batch {report['batch_size']}, one epoch at 0 workers, each library's "
              f"default shuffle turned on. Ideal (uniform random batches): {ideal['classes_per_batch']:.1f} "
              f"classes per batch, Spearman 0, displacement 0.33. shardfeed's other rows (Parquet, tensor) read in "
-             f"the order of its `global` row.", "",
-             "| library | shuffle | classes per batch | of ideal | largest class share | Spearman | displacement / n "
-             "| status |", "|---|---|--:|--:|--:|--:|--:|---|"]
-    for r in q["rows"]:
-        c = r.get("classes_per_batch")
-        lines.append(f"| {r['label']} | {r['setting']} | {_fmt(c, '.1f')} "
-                     f"| {_fmt(c / ideal['classes_per_batch'] if c else None, '.2f')} "
-                     f"| {_fmt(r.get('largest_class_share'), '.2f')} | {_fmt(r.get('spearman'), '.2f')} "
-                     f"| {_fmt(r.get('displacement'), '.2f')} | {r['status'].replace('|', '/')} |")
+             f"the order of its `global` row.", ""]
+    rows = [[r["label"], r["setting"], cell(c := r.get("classes_per_batch"), ".1f"),
+             cell(c / ideal["classes_per_batch"] if c else None, ".2f"), cell(r.get("largest_class_share"), ".2f"),
+             cell(r.get("spearman"), ".2f"), cell(r.get("displacement"), ".2f"), r["status"]] for r in q["rows"]]
+    lines.append(table(["library", "shuffle", "classes per batch", "of ideal", "largest class share", "Spearman",
+                        "displacement / n", "status"], rows, "llrrrrrl"))
     return "\n".join(lines)
 
 
@@ -176,22 +166,19 @@ def train_table(report: dict) -> str:
     lines = [f"Reference trainer (tools/train/model.py SmallCNN, {t['image']}x{t['image']}x3 images cut from the "
              f"2 KiB payloads, {t['classes']:,} classes, batch {report['batch_size']}, SGD), CPU, one torch thread, "
              f"{t['workers']} loader workers, shuffle on, {t['steps']} steps; steps/s and stall after the first "
-             f"step; stall = share of the time waiting for the next batch.", "",
-             "| library | steps/s | data stall | wait ms/step | compute ms/step | first step s | status |",
-             "|---|--:|--:|--:|--:|--:|---|"]
-    for r in t["rows"]:
-        lines.append(f"| {r['label']} | {_fmt(r.get('steps_per_s'), '.2f')} | {_fmt(r.get('stall'), '.0%')} "
-                     f"| {_fmt(r.get('wait_ms_per_step'), '.1f')} | {_fmt(r.get('compute_ms_per_step'), '.1f')} "
-                     f"| {_fmt(r.get('first_step_s'), '.2f')} | {r['status'].replace('|', '/')} |")
+             f"step; stall = share of the time waiting for the next batch.", ""]
+    rows = [[r["label"], cell(r.get("steps_per_s"), ".2f"), cell(r.get("stall"), ".0%"),
+             cell(r.get("wait_ms_per_step"), ".1f"), cell(r.get("compute_ms_per_step"), ".1f"),
+             cell(r.get("first_step_s"), ".2f"), r["status"]] for r in t["rows"]]
+    lines.append(table(["library", "steps/s", "data stall", "wait ms/step", "compute ms/step", "first step s",
+                        "status"], rows, "lrrrrrl"))
     return "\n".join(lines)
 
 
 def targets_table(items: list[dict]) -> str:
-    lines = ["| target | configuration | result | figures |", "|---|---|---|---|"]
-    for t in items:
-        met = {True: "met", False: "MISSED", None: "not judged"}[t["met"]]
-        lines.append(f"| {t['target']} | {t['config']} | {met} | {t['detail'].replace('|', '/')} |")
-    return "\n".join(lines)
+    met = {True: "met", False: "MISSED", None: "not judged"}
+    return table(["target", "configuration", "result", "figures"],
+                 [[t["target"], t["config"], met[t["met"]], t["detail"]] for t in items])
 
 
 def shown_path(path: str) -> str:
@@ -232,7 +219,7 @@ def render(report: dict) -> str:
             f"**steady** = after the first batch; **first batch** = construction + first batch; **fresh process** = "
             f"samples / time from starting the child interpreter to the last batch (interpreter start and every "
             f"import included: what a short job or a notebook cell sees; a bare interpreter with the harness's "
-            f"imports takes {_fmt(report.get('harness_start_s'), '.3f')} s of it); **import s** = importing the "
+            f"imports takes {cell(report.get('harness_start_s'), '.3f')} s of it); **import s** = importing the "
             f"library's reading modules (torch already imported by the harness). A pass of fewer "
             f"than {MIN_BATCHES} batches gets no steady rate. Machine: {report['machine']}. Run took "
             f"{report['elapsed_s']:.0f} s.")

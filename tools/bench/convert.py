@@ -17,11 +17,8 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 
@@ -35,32 +32,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="bench-results", help="folder for the results (default: %(default)s)")
 
 
-_ORDER_CHILD = """
-import resource, sys, numpy as np
-n, how = int(sys.argv[1]), sys.argv[2]
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-if how == "permutation":
-    from shardfeed.tools.convert.order import OutputOrder
-    order = OutputOrder(n, 0)
-    order.ids(0, 10)  # jit warm-up before the baseline
+def order_peak(job: dict) -> dict:
+    """Peak RSS of making the write order of ``job["n"]`` samples, and its growth over the baseline, in a
+    fresh process (fresh.run, this file loaded by path: nothing of shardfeed in the baseline): the keyed
+    permutation a range at a time, or the materialised one."""
+    import resource
+
+    n = job["n"]
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    acc = 0
-    for a in range(0, n, 1 << 20):
-        acc ^= int(order.ids(a, min(n, a + (1 << 20)))[0])
-else:
-    order = np.random.default_rng(0).permutation(n).astype(np.int64)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(peak * 1024, (peak - base) * 1024)
-"""
+    if job["how"] == "permutation":
+        from shardfeed.tools.convert.order import OutputOrder
+        order = OutputOrder(n, 0)
+        order.ids(0, 10)  # jit warm-up before the baseline
+        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        acc = 0
+        for a in range(0, n, 1 << 20):
+            acc ^= int(order.ids(a, min(n, a + (1 << 20)))[0])
+    else:
+        order = np.random.default_rng(0).permutation(n).astype(np.int64)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"status": "ok", "peak_rss": peak * 1024, "growth": (peak - base) * 1024}
 
 
 def order_memory(n: int) -> list[dict]:
+    from shardfeed.tools.bench import fresh
+
     rows = []
     for how in ("permutation", "materialised"):
         t0 = time.perf_counter()
-        out = subprocess.run([sys.executable, "-c", _ORDER_CHILD, str(n), how], capture_output=True, text=True,
-                             check=True).stdout.split()
-        rows.append({"how": how, "samples": n, "peak_rss": int(out[0]), "growth": int(out[1]),
+        out = fresh.run("shardfeed.tools.bench.convert:order_peak", {"n": n, "how": how}, timeout=3600,
+                        by_path=True)
+        if out["status"] != "ok":
+            raise RuntimeError(f"bench convert: the write order of {n:,} samples ({how}): {out['status']}")
+        rows.append({"how": how, "samples": n, "peak_rss": out["peak_rss"], "growth": out["growth"],
                      "seconds": time.perf_counter() - t0})
     return rows
 
@@ -139,8 +143,7 @@ def main(args) -> int:
     print(f"shard order, 1,000-sample buffer: {q['write_shuffled_shards']:.1f} distinct classes per batch over "
           f"write-shuffled shards, {q['class_ordered_shards']:.1f} over class-ordered ones, perfect "
           f"{q['perfect']:.1f} ({100 * q['write_shuffled_shards'] / q['perfect']:.1f}% of perfect)")
-    path = os.path.join(args.out, "bench_convert.json")
-    with open(path, "w") as f:
-        json.dump(results, f, indent=1)
-    print(f"bench convert: results in {path}")
+    from shardfeed.tools.bench import results as report_writer
+
+    report_writer.write(args.out, {"bench_convert.json": results}, say="convert")
     return 0

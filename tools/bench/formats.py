@@ -33,6 +33,7 @@ from tqdm import tqdm
 
 from shardfeed.formats import ShardInfo, ShardWriter, open_index, open_shard, write_index
 from shardfeed.formats.tar import list_members, scan_headers
+from shardfeed.tools.bench import fresh, results
 from shardfeed.tools.text import show_progress
 
 
@@ -115,30 +116,33 @@ def bench_small_formats(work: str, n: int, reads: int, seed: int) -> list[dict]:
     return rows
 
 
-_OPEN_CHILD = r"""
-import json, sys, time, os, psutil, tracemalloc
-kind, path, traced = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
-import numpy as np
-import pyarrow.compute
-from shardfeed.formats import open_index
-proc = psutil.Process()
-rss0 = proc.memory_info().rss
-if traced:  # tracemalloc slows allocation ~10x: its run gives the peak only
-    tracemalloc.start()
-t0 = time.perf_counter()
-if kind == "arrow":
-    idx = open_index(path)
-    n, samples = len(idx), idx.num_samples
-else:
-    with open(path) as f:
-        rows = json.load(f)
-    names = [r["name"] for r in rows]; counts = np.array([r["samples"] for r in rows], np.int64)
-    offsets = np.concatenate([[0], np.cumsum(counts)])
-    n, samples = len(names), int(offsets[-1])
-dt = time.perf_counter() - t0
-peak = tracemalloc.get_traced_memory()[1]
-print(json.dumps({"s": dt, "rss": proc.memory_info().rss - rss0, "peak": peak, "n": n, "samples": samples}))
-"""
+def open_in_fresh_process(job: dict) -> dict:
+    """One index open (``job["kind"]`` arrow or json) and its RSS growth, in a fresh process (fresh.run)."""
+    import tracemalloc
+
+    import psutil
+    import pyarrow.compute  # noqa: F401 (loaded before the baseline, as opening needs it)
+
+    path, traced = job["path"], job["traced"]
+    proc = psutil.Process()
+    rss0 = proc.memory_info().rss
+    if traced:  # tracemalloc slows allocation ~10x: its run gives the peak only
+        tracemalloc.start()
+    t0 = time.perf_counter()
+    if job["kind"] == "arrow":
+        idx = open_index(path)
+        n, samples = len(idx), idx.num_samples
+    else:
+        with open(path) as f:
+            rows = json.load(f)
+        names = [r["name"] for r in rows]
+        counts = np.array([r["samples"] for r in rows], np.int64)
+        offsets = np.concatenate([[0], np.cumsum(counts)])
+        n, samples = len(names), int(offsets[-1])
+    dt = time.perf_counter() - t0
+    peak = tracemalloc.get_traced_memory()[1]
+    return {"status": "ok", "s": dt, "rss": proc.memory_info().rss - rss0, "peak": peak, "n": n,
+            "samples": samples}
 
 
 def bench_index_open(work: str, shards: int) -> dict:
@@ -159,10 +163,12 @@ def bench_index_open(work: str, shards: int) -> dict:
            "json_bytes": os.path.getsize(json_path)}
     for kind, path in (("arrow", root), ("json", json_path)):
         runs = []
-        for traced in ("0", "0", "0", "1"):
-            res = subprocess.run([sys.executable, "-c", _OPEN_CHILD, kind, path, traced], check=True,
-                                 capture_output=True, text=True)
-            runs.append(json.loads(res.stdout))
+        for traced in (False, False, False, True):
+            res = fresh.run("shardfeed.tools.bench.formats:open_in_fresh_process",
+                            {"kind": kind, "path": path, "traced": traced}, timeout=600)
+            if res["status"] != "ok":
+                raise RuntimeError(f"{kind} index open: {res['status']}")
+            runs.append(res)
         if runs[0]["samples"] != per * shards or runs[0]["n"] != shards:
             raise RuntimeError(f"{kind} index read back {runs[0]} (expected {shards} shards)")
         out[kind] = {k: statistics.median(r[k] for r in runs[:3]) for k in ("s", "rss")}
@@ -260,17 +266,10 @@ def main(args: argparse.Namespace) -> int:
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)
     text = render(w, rand, small, idx, scan)
-    with open(os.path.join(args.out, "bench_formats.md"), "w") as f:
-        f.write(text)
+    results.write(args.out, {"bench_formats.md": text})
     print(text)
     print(f"bench formats: write {w['write_mbs'] / w['dd_mbs']:.2f} of dd, 100 KiB random read "
           f"{rand['samples_s']:,.0f}/s, index of {idx['shards']:,} shards opens in {idx['arrow']['s']:.3f} s, "
           f"tar scan {scan['members'] / scan['scan_s']:,.0f} members/s; {time.perf_counter() - t_start:.0f} s "
           f"-> {os.path.join(args.out, 'bench_formats.md')}")
     return 0
-
-
-if __name__ == "__main__":
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_arguments(p)
-    sys.exit(main(p.parse_args()))

@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import glob
 import io
-import json
 import os
 import statistics
 import sys
@@ -181,24 +180,21 @@ VARIANTS = [("shardfeed", 224, "exact"), ("shardfeed", 224, "draft"), ("shardfee
 LABELS = {"shardfeed": "shardfeed", "imagefolder": "ImageFolder + PIL DataLoader (torchvision's computation)",
           "webdataset": "webdataset", "dali": "DALI CPU pipeline (readers.file + image_random_crop)",
           "ffcv": "FFCV"}
-_CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _dali_python(given: str | None) -> str | None:
-    if given == "none":
-        return None
-    path = given or os.environ.get("SHARDFEED_DALI_PYTHON") or os.path.join(_CHECKOUT, ".venv-dali", "bin", "python")
-    return path if os.access(path, os.X_OK) else None
+    from shardfeed.tools.bench import fresh
+
+    return None if given == "none" else fresh.venv_python("dali", given)
 
 
 def _dali_pass(python: str | None, where: dict, size: int, workers: int, n: int) -> dict:
-    from shardfeed.tools.bench import images_dali
-    from shardfeed.tools.bench.child import result_of
+    from shardfeed.tools.bench import fresh
     if python is None:
         return {"status": "skipped: no venv with DALI (WITH_DALI=1 tools/bench/install_peers.sh makes .venv-dali; "
                           "or --dali-python / $SHARDFEED_DALI_PYTHON)"}
     job = {"root": where["files"], "size": size, "workers": workers, "n": n, "batch": BATCH}
-    return result_of([python, images_dali.__file__, json.dumps(job)], images_dali.RESULT, 1800,
+    return fresh.run("shardfeed.tools.bench.images_dali:main", job, timeout=1800, python=python, by_path=True,
                      who="DALI's process")
 
 
@@ -249,22 +245,18 @@ def _run(args: argparse.Namespace) -> int:
         rate = None if bad else statistics.median(r["rate"] for r in rs)
         rows.append({"variant": v, "size": size, "mode": mode, "workers": w, "status": bad["status"] if bad else "ok",
                      "images_per_s": rate, "per_core": rate / max(1, w) if rate else None})
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    from shardfeed.tools.bench import results
+
     report = {"samples": args.samples, "photos": [os.path.basename(p) for p in photos], "repeat": args.repeat,
-              "machine": f"{os.cpu_count()} cores, 1-min load {load:.1f} at the end", "rows": rows}
-    lines = [f"`shardfeed bench images`: {args.samples:,} JPEGs (500x375, quality 90) cut from {len(photos)} "
-             f"photographs ({', '.join(report['photos'])}), RandomResizedCrop + flip -> uint8 CHW in the workers, "
-             f"batch {BATCH}, median of {args.repeat} passes; {report['machine']}.", "",
-             "| variant | size | mode | workers | images/s | per core | status |", "|---|--:|---|--:|--:|--:|---|"]
-    for r in rows:
-        f = (lambda x: "–" if x is None else f"{x:,.0f}")
-        lines.append(f"| {LABELS[r['variant']]} | {r['size']} | {r['mode'] if r['variant'] not in ('dali', 'ffcv') else 'its own'} | {r['workers']} "
-                     f"| {f(r['images_per_s'])} | {f(r['per_core'])} | {r['status']} |")
-    md = "\n".join(lines) + "\n"
-    with open(os.path.join(out, "bench_images.json"), "w") as fh:
-        json.dump(report, fh, indent=1)
-    with open(os.path.join(out, "bench_images.md"), "w") as fh:
-        fh.write("# shardfeed bench images\n\n" + md)
+              "machine": results.machine(), "rows": rows}
+    md = (f"`shardfeed bench images`: {args.samples:,} JPEGs (500x375, quality 90) cut from {len(photos)} "
+          f"photographs ({', '.join(report['photos'])}), RandomResizedCrop + flip -> uint8 CHW in the workers, "
+          f"batch {BATCH}, median of {args.repeat} passes; {report['machine']}.\n\n" + results.table(
+              ["variant", "size", "mode", "workers", "images/s", "per core", "status"],
+              [[LABELS[r["variant"]], r["size"], r["mode"] if r["variant"] not in ("dali", "ffcv") else "its own",
+                r["workers"], results.cell(r["images_per_s"]), results.cell(r["per_core"]), r["status"]]
+               for r in rows], "lrlrrrl") + "\n")
+    results.write(out, {"bench_images.json": report, "bench_images.md": "# shardfeed bench images\n\n" + md})
     print(md)
     print(f"bench images: wrote {out}/bench_images.md and .json", file=sys.stderr)
     return 0 if all(r["status"] == "ok" or r["status"].startswith("skipped") for r in rows) else 1

@@ -11,11 +11,7 @@ out as numpy arrays (``as_array``), what a CPU training step would take.
 
 from __future__ import annotations
 
-import json
-import sys
 import time
-
-RESULT = "BENCH_IMAGES_DALI "
 
 
 def one_pass(root: str, size: int, workers: int, n: int, batch: int) -> dict:
@@ -42,16 +38,10 @@ def one_pass(root: str, size: int, workers: int, n: int, batch: int) -> dict:
     return {"status": "ok", "rate": count / (time.perf_counter() - t0)}
 
 
-def main(job_json: str) -> None:
-    job = json.loads(job_json)
+def main(job: dict) -> dict:
+    """One pass (fresh.run, under DALI's venv)."""
     try:
         result = one_pass(job["root"], job["size"], job["workers"], job["n"], job["batch"])
     except ImportError as e:
         result = {"status": f"skipped: cannot import DALI ({type(e).__name__}: {e})"}
-    except Exception as e:
-        result = {"status": f"error: {type(e).__name__}: {str(e)[:300]}"}
-    print(RESULT + json.dumps(result), flush=True)
-
-
-if __name__ == "__main__":
-    main(sys.argv[1])
+    return result

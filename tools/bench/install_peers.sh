@@ -89,7 +89,7 @@ PYEOF
 if [ -x "$PPY" ]; then
     "$PPY" - <<'PYEOF' ||
 from importlib.metadata import version
-from shardfeed.tools.bench.compare_peers import import_streaming
+from shardfeed.tools.bench.peers import import_streaming
 import_streaming()
 print(f"mosaicml-streaming {version('mosaicml-streaming')}: importable in its own venv (numpy {version('numpy')})")
 PYEOF

@@ -90,9 +90,9 @@ def main(args: argparse.Namespace) -> int:
                   f"{bitmap_bytes:,} B of bitmaps for {total:,} samples); at 10^9 samples: "
                   f"{1e9 * bits_per_sample / 8 / 1e6:,.0f} MB per rank per epoch."]
     text = "\n".join(lines) + "\n"
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "mix.md"), "w") as f:
-        f.write(text)
+    from shardfeed.tools.bench import results
+
+    results.write(args.out, {"mix.md": text})
     print(text, end="")
     print(f"bench mix: wrote {os.path.join(args.out, 'mix.md')}")
     return 0

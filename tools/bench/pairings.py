@@ -26,11 +26,9 @@ from __future__ import annotations
 import argparse
 import gzip
 import itertools
-import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,7 +43,6 @@ CACHES = ("none", "dir", "http")
 WORKERS = (0, 2)
 SHARDS = 8
 BATCH = 256
-RESULT_PREFIX = "PAIRING_RESULT "
 TARGET = 0.5  # within 2x of tar: at least half its rate
 
 
@@ -107,7 +104,8 @@ def gzip_dataset(folder: str) -> None:
 
 
 # -- one configuration, in a fresh process --------------------------------------
-def run_child(job: dict) -> dict:
+def one_pass(job: dict) -> dict:
+    """One configuration's timed pass (run in a fresh process by fresh.run)."""
     from shardfeed.loader import Loader, ShardDataset
     from shardfeed.tools.bench.samples import ContentCheck
 
@@ -132,13 +130,9 @@ def run_child(job: dict) -> dict:
 
 
 def _spawn(job: dict) -> dict:
-    res = subprocess.run([sys.executable, "-m", "shardfeed.tools.bench.pairings", "--child", json.dumps(job)],
-                         capture_output=True, text=True, timeout=600)
-    for line in reversed(res.stdout.splitlines()):
-        if line.startswith(RESULT_PREFIX):
-            return json.loads(line[len(RESULT_PREFIX):])
-    tail = (res.stderr.strip().splitlines() or ["no output"])[-1]
-    return {"status": f"error: exit {res.returncode}: {tail[:300]}"}
+    from shardfeed.tools.bench import fresh
+
+    return fresh.run("shardfeed.tools.bench.pairings:one_pass", job, timeout=600)
 
 
 # -- the matrix -----------------------------------------------------------------
@@ -156,11 +150,12 @@ def configurations(args) -> list[dict]:
 
 
 def _pick(text: str, allowed, what: str) -> list[str]:
-    got = [t.strip() for t in text.split(",") if t.strip()]
-    bad = [t for t in got if t not in allowed]
-    if bad or not got:
-        raise SystemExit(f"bench pairings: unknown {what} {bad or text!r}; choose from {', '.join(allowed)}")
-    return got
+    from shardfeed.tools.bench.report import csv_choices
+
+    try:
+        return csv_choices(text, allowed, what)
+    except ValueError as e:
+        raise SystemExit(f"bench pairings: {e}") from None
 
 
 def main(args: argparse.Namespace) -> int:
@@ -210,10 +205,10 @@ def main(args: argparse.Namespace) -> int:
             shutil.rmtree(work, ignore_errors=True)
     _ratios(results)
     text = render(results, args, counts)
-    with open(os.path.join(args.out, "bench_pairings.md"), "w") as f:
-        f.write(text)
-    with open(os.path.join(args.out, "bench_pairings.json"), "w") as f:
-        json.dump({"samples": counts, "batch": BATCH, "results": results}, f, indent=1)
+    from shardfeed.tools.bench.results import write
+
+    write(args.out, {"bench_pairings.md": text,
+                     "bench_pairings.json": {"samples": counts, "batch": BATCH, "results": results}})
     print(text)
     ok = sum(r["status"] == "ok" for r in results)
     print(f"bench pairings: {len(results)} configurations, {ok} content-checked ok; "
@@ -282,19 +277,3 @@ def render(results: list[dict], args, counts: dict) -> str:
         label = fmt if size == 2048 else f"{fmt} (100 KiB)"
         L.append(f"| {label} | {order} | {len(rows)} | {met} | {_f(worst_w, '{:.2f}')} | {_f(worst_s, '{:.2f}')} |")
     return "\n".join(L) + "\n"
-
-
-if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--child":
-        try:
-            result = run_child(json.loads(sys.argv[2]))
-        except Exception as e:  # reported as the configuration's status, traceback on stderr
-            import traceback
-            traceback.print_exc()
-            result = {"status": f"error: {type(e).__name__}: {str(e)[:300]}"}
-        sys.stdout.flush()
-        print(RESULT_PREFIX + json.dumps(result), flush=True)
-        sys.exit(0)
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_arguments(p)
-    sys.exit(main(p.parse_args()))

@@ -14,7 +14,6 @@ tensor, length of a list) as a trainer would before handing it on.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -134,8 +133,9 @@ def main(a: argparse.Namespace | list[str] | None = None) -> int:
                     print(f"| {label} | {workers} | {name} | {med:,.0f} {unit} | "
                           f"{min(rates):,.0f}..{max(rates):,.0f} |", flush=True)
         if a.json:
-            with open(a.json, "w") as f:
-                json.dump(report, f, indent=1)
+            from shardfeed.tools.bench import results
+
+            results.write(os.path.dirname(os.path.abspath(a.json)), {os.path.basename(a.json): report})
         print(f"bench payloads: {len(report['rows'])} variants measured"
               + (f", figures in {a.json}" if a.json else ""))
     finally:

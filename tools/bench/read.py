@@ -3,7 +3,7 @@
 Every library writes the same deterministic samples (2 KiB and 100 KiB
 payloads) with its own writer, then reads them through its usual PyTorch
 path with 0 and 2 workers, shuffle off and on. Each configuration runs in a
-fresh process (`bench_child`), its whole process tree's RSS sampled from
+fresh process (child.py through fresh.py), its whole process tree's RSS sampled from
 here; every pass is content-checked and a pass with wrong content is
 reported FAILED, never as a number. `cat` of the shards, page cache warm,
 gives the machine's read limit in the same run. shardfeed is also read at a
@@ -28,8 +28,8 @@ import time
 
 from tqdm import tqdm
 
+from shardfeed.tools.bench import fresh
 from shardfeed.tools.bench.peers import ADAPTERS
-from shardfeed.tools.bench.process_tree import run_child
 from shardfeed.tools.bench.report import MIN_BATCHES, csv_choices, too_small
 from shardfeed.tools.bench.samples import GENERATOR_VERSION, SampleSpec
 from shardfeed.tools.text import show_progress
@@ -44,6 +44,8 @@ DEFAULT_COUNTS = {"2KiB": 65536, "100KiB": 4096}
 # measured start-up and judged targets on it.
 QUICK_COUNTS = {"2KiB": 8192, "100KiB": 2048}
 MANIFEST = "bench-manifest.json"
+# the libraries of this interpreter (Streaming and shardfeed's Parquet and no-copy variants are `bench compare`'s)
+LIBRARIES = ("shardfeed", "shardfeed-mmap", "webdataset", "litdata", "files", "parquet", "parquet-1k")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,8 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples-100k", type=int, default=None, help="number of 100 KiB samples")
     parser.add_argument("--sizes", default=",".join(SIZES),
                         help="comma-separated sample sizes to measure (default: %(default)s)")
-    parser.add_argument("--libraries", default=",".join(ADAPTERS),
-                        help="comma-separated subset of: " + ", ".join(ADAPTERS))
+    parser.add_argument("--libraries", default=",".join(LIBRARIES),
+                        help="comma-separated subset of: " + ", ".join(LIBRARIES))
     parser.add_argument("--workers", default="0,2", help="comma-separated worker counts (default: %(default)s)")
     parser.add_argument("--shuffle", default="off,on", help="off, on or off,on (default: %(default)s)")
     parser.add_argument("--batch-size", type=int, default=256)
@@ -94,7 +96,7 @@ class Plan:
             counts["100KiB"] = _positive(args.samples_100k, "--samples-100k")
         self.counts = counts
         self.sizes = [s for s in SIZES if s in csv_choices(args.sizes, list(SIZES), "sizes")]
-        self.libraries = csv_choices(args.libraries, list(ADAPTERS), "libraries")
+        self.libraries = csv_choices(args.libraries, LIBRARIES, "libraries")
         self.workers = [int(w) for w in csv_choices(args.workers, [str(i) for i in range(65)], "workers")]
         self.shuffles = [s == "on" for s in csv_choices(args.shuffle, ["off", "on"], "shuffle")]
         self.repeats = _positive(args.repeats, "--repeats")
@@ -150,6 +152,12 @@ def expected_for(plan: Plan, size: str, count: int) -> dict:
     return expected
 
 
+def run_pass(job: dict, timeout: float) -> dict:
+    """One job of child.py in a fresh process, the RSS of its whole process tree sampled."""
+    return fresh.run("shardfeed.tools.bench.child:run", job, timeout=timeout, rss=True,
+                     who="the configuration's process (--timeout)")
+
+
 def ensure_dataset(plan: Plan, lib: str, size: str, count: int) -> dict:
     """Writes one library's dataset unless a complete one is there; returns {"status", ...}."""
     lib = ADAPTERS[lib].data_name  # a reader variant shares its library's data
@@ -166,8 +174,8 @@ def ensure_dataset(plan: Plan, lib: str, size: str, count: int) -> dict:
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.rmtree(folder, ignore_errors=True)
     os.makedirs(tmp)
-    result = run_child({"mode": "write", "library": lib, "folder": tmp, "count": count,
-                        "size": SIZES[size]}, plan.timeout)
+    result = run_pass({"mode": "write", "library": lib, "folder": tmp, "count": count, "size": SIZES[size]},
+                      plan.timeout)
     if result.get("status") != "ok":
         shutil.rmtree(tmp, ignore_errors=True)
         return result
@@ -293,7 +301,7 @@ def run_plan(plan: Plan, log=print) -> dict:
             job = {"mode": "read", "library": lib, "folder": plan.folder(lib, size, count), "count": count,
                    "size": SIZES[size], "workers": workers, "shuffle": shuffle,
                    "batch_size": plan.batch_size, "expected": expected[(size, count)]}
-            row.update(_median_result([run_child(job, plan.timeout) for _ in range(plan.repeats)]))
+            row.update(_median_result([run_pass(job, plan.timeout) for _ in range(plan.repeats)]))
         if row["status"] == "ok":
             add_rates(row, limits.get(size), plan.batch_size)
         rows.append(row)

@@ -25,7 +25,6 @@ Writes remote.md, remote.csv and remote.png to --out.
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import shutil
 import sys
@@ -33,6 +32,8 @@ import tempfile
 import time
 
 import numpy as np
+
+from shardfeed.tools.bench import results
 
 SETUPS = {  # samples, payload bytes, epochs, link bytes/s, latency s, batch, compute s per batch
     # issue 33's link: 100 MB/s shared, 20 ms a request; a consumer of 2,000 samples/s (32 ms a batch of 64)
@@ -48,8 +49,7 @@ CLASSES = 100
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__.strip()
-    if not any("--out" in a.option_strings for a in parser._actions):
-        parser.add_argument("--out", default="bench-results", help="output folder (default: %(default)s)")
+    results.add_out(parser)
     parser.add_argument("--quick", action="store_true", help="a 5 MB dataset, 2 epochs (under 2 minutes)")
     parser.add_argument("--setup", default=None, metavar="SAMPLES,PAYLOAD,EPOCHS,BYTES_PER_S,LATENCY_S,BATCH,COMPUTE_S",
                         help="a dataset and link of your own (tests use a tiny one)")
@@ -233,11 +233,10 @@ def run(setup, fraction: float, out: str, plot: bool = True, with_grid: bool = F
         os.makedirs(out, exist_ok=True)
         if with_grid:
             rows = grid(setup, root, data, sidecars, work)
-            lines = ["| " + " | ".join(GRID_COLUMNS) + " |", "|" + "---|" * len(GRID_COLUMNS)]
-            lines += ["| " + " | ".join(_fmt(r[k]) for k in GRID_COLUMNS) + " |" for r in rows]
-            with open(os.path.join(out, "grid.md"), "w") as f:
-                f.write("Epochs after the first (bytes / dataset, by the server); predicted: `shardfeed plan`.\n\n"
-                        + "\n".join(lines) + "\n")
+            results.write(out, {"grid.md": "Epochs after the first (bytes / dataset, by the server); predicted: "
+                                           "`shardfeed plan`.\n\n" + results.table(
+                                               list(GRID_COLUMNS), [[_fmt(r[k]) for k in GRID_COLUMNS] for r in rows])
+                                           + "\n"})
         _write(table, out, dict(samples=samples, payload=payload, data=data, sidecars=sidecars, limit=limit,
                                 fraction=fraction, rate=rate, latency=latency, batch=batch, compute_s=compute_s,
                                 epochs=epochs), plot)
@@ -253,31 +252,19 @@ def _fmt(v) -> str:
 
 
 def _write(table, out, info, plot) -> None:
-    with open(os.path.join(out, "remote.csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
-        w.writeheader()
-        for r in table:
-            w.writerow({k: r.get(k, "") for k in COLUMNS})
     head = (f"Global order, {info['samples']} class-ordered samples ({info['data']:,} bytes of shards, "
             f"{info['sidecars']:,} of sidecars), cache {info['fraction']:.0%} ({info['limit']:,} bytes), link "
             f"{info['rate'] / 1e6:.0f} MB/s + {info['latency'] * 1e3:.0f} ms per request, batch {info['batch']}, "
             f"{info['compute_s'] * 1e3:.0f} ms compute per batch; bytes and requests counted by the server.")
-    lines = [head, "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(_fmt(r.get(k, "")) for k in COLUMNS) + " |" for r in table]
+    lines = [head, "", results.table(list(COLUMNS), [[_fmt(r.get(k, "")) for k in COLUMNS] for r in table])]
     from shardfeed.tools.bench.remote_peers import CONFIG
     ran = [k for k in CONFIG if any(r["reader"] == k and r["epoch"] != "" for r in table)]
     lines += ["", "Peers' configurations (same samples, shard size, cache limit and link):"] * bool(ran)
     lines += [f"- {k}: {CONFIG[k]}" for k in ran]
-    with open(os.path.join(out, "remote.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
+    results.write(out, {"remote.csv": results.Rows(tuple(COLUMNS), table), "remote.md": "\n".join(lines) + "\n"})
     print("\n".join(lines))
     if plot:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(6, 3.5))
+        _, fig, ((ax,),) = results.figure(figsize=(6, 3.5))
         readers = [n for n in dict.fromkeys(r["reader"] for r in table) if any(
             r["reader"] == n and r["epoch"] != "" for r in table)]
         for k, name in enumerate(readers):
@@ -293,9 +280,7 @@ def _write(table, out, info, plot) -> None:
         ax.set_ylabel("bytes fetched / dataset")
         ax.set_ylim(0, ax.get_ylim()[1] * 1.3)  # room for the legend above the bars
         ax.legend(fontsize=7, ncol=2, loc="upper center")
-        fig.tight_layout()
-        fig.savefig(os.path.join(out, "remote.png"), dpi=120)
-        plt.close(fig)
+        results.save(fig, os.path.join(out, "remote.png"), dpi=120)
 
 
 def main(args: argparse.Namespace) -> int:

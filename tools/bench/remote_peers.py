@@ -14,7 +14,7 @@ whole dataset would be one shard larger than the cache), and reads them the way 
 - Streaming: ``MDSWriter(columns={key: str, cls: int, bin: bytes}, size_limit=16 samples)``;
   ``StreamingDataset(remote="s3://...", local=DIR, shuffle=True, shuffle_seed=0, batch_size=B,
   cache_limit=LIMIT)`` (its default shuffle_algo "py1e" and block size, predownload 8 x batch) + a torch
-  DataLoader(batch_size=B, num_workers=0). It runs in its own venv (.venv-peers: see compare_peers.py).
+  DataLoader(batch_size=B, num_workers=0). It runs in its own venv (.venv-peers: see peers.py).
 - LitData: ``litdata.optimize(fn, inputs, chunk_size=16, num_workers=1)``;
   ``StreamingDataset("s3://...", cache_dir=DIR, shuffle=True, seed=0, max_cache_size=LIMIT,
   storage_options={endpoint_url, keys})`` + ``StreamingDataLoader(batch_size=B, num_workers=0)``.
@@ -39,7 +39,6 @@ import numpy as np
 
 CLASSES = 100  # as remote.py
 PER_SHARD = 16  # as remote.write_dataset
-RESULT = "REMOTE_PEER_RESULT "
 PEERS = (("MosaicML Streaming", "streaming"), ("LitData", "litdata"))
 # Streaming's documented knob for a cache smaller than the dataset: py1e's shuffle_block_size (default
 # 262,144 samples, here the whole dataset). This extra row sets it to the samples of half the cache, so a
@@ -56,13 +55,6 @@ CONFIG = {
     "LitData": "optimize(chunk_size=16, num_workers=1); StreamingDataset(s3://, cache_dir, shuffle=True, seed=0, "
                "max_cache_size, storage_options) + StreamingDataLoader(num_workers=0)",
 }
-_HERE = os.path.abspath(__file__)
-# Streaming's venv may hold another checkout's shardfeed (or none): its process loads this file by path
-_BY_PATH = ("import importlib.util, sys; s = importlib.util.spec_from_file_location('bench_remote_peers', sys.argv[1]); "
-            "m = importlib.util.module_from_spec(s); s.loader.exec_module(m); m.child(sys.argv[2])")
-_BY_NAME = "import sys; from shardfeed.tools.bench.remote_peers import child; child(sys.argv[1])"
-
-
 def samples_file(path: str, samples: int, payload: int) -> str:
     """The payloads of remote.write_dataset (the same generator, the same calls) as one (samples, payload) array."""
     rng = np.random.default_rng(0)
@@ -124,22 +116,16 @@ def _epochs(loader, job: dict, set_epoch=None) -> list[dict]:
 
 
 def _streaming():
-    from shardfeed.tools.bench.compare_peers import import_streaming
+    from shardfeed.tools.bench.peers import import_streaming
     return import_streaming()
 
 
-def child(job_json: str) -> None:
-    """A peer's process: write, or read for several epochs; prints RESULT + json."""
-    job = json.loads(job_json)
+def child(job: dict) -> dict:
+    """A peer's process (fresh.run): write, upload, then read for several epochs."""
     try:
-        out = _child(job)
+        return _child(job)
     except ImportError as e:
-        out = {"status": f"skipped: cannot import ({type(e).__name__}: {e})"}
-    except Exception as e:
-        import traceback
-        traceback.print_exc()
-        out = {"status": f"error: {type(e).__name__}: {str(e)[:300]}"}
-    print(RESULT + json.dumps(out), flush=True)
+        return {"status": f"skipped: cannot import ({type(e).__name__}: {e})"}
 
 
 def _write(job: dict) -> None:
@@ -202,13 +188,12 @@ def _child(job: dict) -> dict:
 
 
 def _run(python: str, job: dict, env: dict, timeout: float) -> dict:
-    if python == sys.executable:  # importable by name here: litdata.optimize's workers can unpickle _lit_item
-        cmd = [python, "-c", _BY_NAME, json.dumps(job)]
-    else:
-        cmd = [python, "-c", _BY_PATH, _HERE, json.dumps(job)]
-    from shardfeed.tools.bench.child import result_of
+    from shardfeed.tools.bench import fresh
 
-    return result_of(cmd, RESULT, timeout, env={**os.environ, **env}, who="the process")
+    # by name under this interpreter (litdata.optimize's workers can unpickle _lit_item), by path under
+    # Streaming's venv, which may hold another checkout's shardfeed (or none)
+    return fresh.run("shardfeed.tools.bench.remote_peers:child", job, timeout=timeout, python=python,
+                     env={**os.environ, **env})
 
 
 def _size(folder: str) -> int:
@@ -253,7 +238,7 @@ def rows(setup, root: str, data: int, limit: int, bound: float, work: str, timeo
          readers: tuple = (S3_ROW, *READERS)) -> list[dict]:
     """The peers' rows of remote.py's table (and shardfeed's on the same S3 link), one per epoch;
     ``readers``: which of them (tests leave some out)."""
-    from shardfeed.tools.bench.compare_peers import peers_python
+    from shardfeed.tools.bench.peers import adapter, peers_python, python_for
 
     samples, payload, epochs, rate, latency, batch, compute_s = setup
     try:
@@ -284,8 +269,8 @@ def rows(setup, root: str, data: int, limit: int, bound: float, work: str, timeo
         per_sample = data / samples
         block = max(PER_SHARD, int(limit / 2 / per_sample) // PER_SHARD * PER_SHARD)
         for reader, lib in [p for p in (*PEERS, (TUNED, "streaming")) if p[0] in readers]:
-            python = streaming_py if lib == "streaming" else sys.executable
-            if python is None:
+            python = python_for(lib, streaming_py)
+            if adapter(lib).venv and python == sys.executable:
                 out.append(_empty(reader, bound, "skipped: no venv of its own (.venv-peers; run "
                                                  "tools/bench/install_peers.sh or set SHARDFEED_PEERS_PYTHON)"))
                 continue

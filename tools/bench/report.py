@@ -17,6 +17,10 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+
+from shardfeed.tools.bench import results
 
 SPEEDUP_2K = 2.0
 CAT_FRACTION_100K = 0.5
@@ -226,16 +230,10 @@ def render(report: dict) -> str:
 
 
 def plot_report(report: dict, path: str) -> None:
-    from shardfeed.tools.extras import require
-
-    matplotlib = require("matplotlib", "the benchmark plots")
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rows = [r for r in report["rows"] if r["role"] == "main"]
     libs = list(dict.fromkeys(r["label"] for r in rows))
     panels = [(size, "samples_per_s" if size == "2KiB" else "mb_per_s") for size in report["counts"]]
-    fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 5), squeeze=False)
+    _, fig, axes = results.figure(1, len(panels), figsize=(7 * len(panels), 5))
     axes = axes[0]
     for ax, (size, metric) in zip(axes, panels):
         unit = "samples/s" if metric == "samples_per_s" else "MB/s"
@@ -257,18 +255,12 @@ def plot_report(report: dict, path: str) -> None:
         ax.set_ylabel(unit + " (log scale)")
         ax.set_title(f"{size} samples ({report['counts'][size]:,}); missing bar = skipped/failed/too small")
     axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    results.save(fig, path)
 
 
 def write_reports(report: dict, out: str, plot: bool = True) -> list[str]:
-    os.makedirs(out, exist_ok=True)
-    paths = [os.path.join(out, "bench_read.md"), os.path.join(out, "bench_read.json")]
-    with open(paths[0], "w") as f:
-        f.write("# shardfeed bench read\n\n" + render(report) + "\n")
-    with open(paths[1], "w") as f:
-        json.dump({**report, "targets": targets(report)}, f, indent=1, default=str)
+    paths = results.write(out, {"bench_read.md": "# shardfeed bench read\n\n" + render(report) + "\n",
+                                "bench_read.json": {**report, "targets": targets(report)}})
     if plot:
         paths.append(os.path.join(out, "bench_read.png"))
         plot_report(report, paths[-1])
@@ -282,3 +274,28 @@ def csv_choices(value: str, allowed, what: str) -> list[str]:
     if bad or not items:
         raise ValueError(f"--{what} {value!r}: unknown {bad or 'empty list'}; choose from {', '.join(allowed)}")
     return items
+
+
+VERSIONED = ("shardfeed", "torch", "numpy", "pyarrow", "webdataset", "litdata", "mosaicml-streaming")
+_VERSIONS_CODE = ("import json, sys\nfrom importlib.metadata import version\nout = {'python': sys.version.split()[0]}\n"
+                  "for d in sys.argv[1:]:\n    try:\n        out[d] = version(d)\n    except Exception:\n"
+                  "        out[d] = 'not installed'\nprint(json.dumps(out))")
+
+
+def versions(python: str = sys.executable) -> dict:
+    """Versions of the libraries as ``python`` sees them (this interpreter's without a process)."""
+    if python == sys.executable:
+        from importlib.metadata import PackageNotFoundError, version
+        out = {"python": sys.version.split()[0]}
+        for d in VERSIONED:
+            try:
+                out[d] = version(d)
+            except PackageNotFoundError:
+                out[d] = "not installed"
+        return out
+    try:
+        done = subprocess.run([python, "-c", _VERSIONS_CODE, *VERSIONED], capture_output=True, text=True,
+                              timeout=60, check=True)
+        return json.loads(done.stdout)
+    except (subprocess.SubprocessError, ValueError, OSError) as e:
+        return {"error": f"{python}: {e}"}

@@ -193,12 +193,9 @@ def quality_markdown(table) -> str:
 
 
 def plot(points, path) -> None:
-    from shardfeed.tools.extras import require
+    from shardfeed.tools.bench.results import figure, save
 
-    matplotlib = require("matplotlib", "the benchmark plots")
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    _, fig, ((ax,),) = figure(figsize=(7, 4.5))
     styles = {"none": ("k", "s"), "shard": ("tab:orange", "^"), "block": ("tab:blue", "o"), "global": ("tab:green", "*")}
     for order in ("block", "shard", "none", "global"):
         pts = sorted((q["peak_resident"], q["entropy_ratio"], label) for o, label, q in points if o == order)
@@ -218,9 +215,7 @@ def plot(points, path) -> None:
                  f"{NUM_SHARDS} shards x {SHARD_SAMPLES:,}, batch {BATCH}, 1 rank")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save(fig, path, dpi=120)
 
 
 def main(args) -> int:
@@ -268,10 +263,9 @@ def main(args) -> int:
                    "64 shards, shard k owned by node k mod 4); the samples of every global batch are the "
                    "same in both columns.\n\n"
                    f"{lmd}\n\n## Trade-off\n\n{TRADE_OFF}\n")
-    with open(os.path.join(out, "shuffle_quality.md"), "w") as f:
-        f.write(quality_doc)
-    with open(os.path.join(out, "shuffle_scale.md"), "w") as f:
-        f.write(f"# Shuffle plan scale\n\n{smd}\n")
+    from shardfeed.tools.bench import results
+
+    results.write(out, {"shuffle_quality.md": quality_doc, "shuffle_scale.md": f"# Shuffle plan scale\n\n{smd}\n"})
     if make_png:
         plot(points, os.path.join(out, "shuffle_quality.png"))
     print(f"## Shuffle quality\n\n{header}\n\n{qmd}\n\n## Locality-aware dealing (4 nodes x 4 ranks)\n\n{lmd}\n\n"
@@ -281,9 +275,3 @@ def main(args) -> int:
           f"entropy/perfect none {best.get('none', float('nan')):.2f}, block {best.get('block', float('nan')):.2f}, "
           f"global {best.get('global', float('nan')):.2f}; results in {out}/shuffle_quality.md, shuffle_quality.png, shuffle_scale.md")
     return 0
-
-
-if __name__ == "__main__":
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_arguments(p)
-    raise SystemExit(main(p.parse_args()))

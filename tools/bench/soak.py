@@ -28,7 +28,6 @@ loopback HTTP through a node cache, and the schedule adds server faults
 
 from __future__ import annotations
 
-import json
 import multiprocessing as mp
 import os
 import random
@@ -388,11 +387,9 @@ def main(args) -> int:
               f"repeated {m['repeated']}; server faults served: "
               + ", ".join(f"{k} {v}" for k, v in sorted(m["faults_served"].items()))
               + f"; peak RSS {m['peak_rss'] / 2**20:.0f} MiB, peak cache {m['peak_cache_bytes'] / 2**20:.1f} MiB")
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "bench_soak.json")
-    with open(path, "w") as fh:
-        json.dump(res, fh, indent=1)
-    print(f"bench soak: results in {path}")
+    from shardfeed.tools.bench import results
+
+    results.write(args.out, {"bench_soak.json": res}, say="soak")
     m = res.get("remote", {})
     bad = m.get("lost") or m.get("repeated") or m.get("unknown") or res["lost"] or res["audit_exit"] or res["partial_shards_published"] or sum(f.values()) != sum(s.values())
     return 1 if bad else 0

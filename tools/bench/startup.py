@@ -23,34 +23,10 @@ machine stretches wall time first).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 
-CHILD = """
-import gc, json, sys, time
-import torch
-full = []
-gc.callbacks.append(lambda phase, info: full.append(time.perf_counter()) if phase == "start"
-                    and info["generation"] == 2 else None)
-t0, c0 = time.perf_counter(), time.process_time()
-from shardfeed.loader import Loader, ShardDataset
-t1, c1 = time.perf_counter(), time.process_time()
-loader = Loader(ShardDataset(sys.argv[1], shuffle=sys.argv[2]), int(sys.argv[3]))
-it = iter(loader)
-batch = next(it)
-t2, c2 = time.perf_counter(), time.process_time()
-assert len(batch["__key__"]) == int(sys.argv[3])
-for _ in range(20):
-    next(it)
-t3, c3 = time.perf_counter(), time.process_time()
-loader.close()
-print(json.dumps({"import_s": t1 - t0, "import_cpu_s": c1 - c0, "first_s": t2 - t0, "first_cpu_s": c2 - c0,
-                  "next20_cpu_s": c3 - c2, "full_gc_in_start": sum(t <= t2 for t in full),
-                  "full_gc_in_next20": sum(t2 < t <= t3 for t in full), "numba": "numba" in sys.modules}))
-"""
 ORDERS = ("global", "none")
 
 
@@ -74,13 +50,41 @@ def write_dataset(folder: str, samples: int, size: int) -> str:
     return folder
 
 
+def first_batch(job: dict) -> dict:
+    """One fresh process's start-up (fresh.run loads this file by path, so nothing of shardfeed is imported
+    before the timing): ``import torch`` untimed, then the import, the Loader and the first batch timed."""
+    import gc
+    import time
+
+    import torch  # noqa: F401 (every torch program pays it: not timed)
+
+    full = []
+    gc.callbacks.append(lambda phase, info: full.append(time.perf_counter()) if phase == "start"
+                        and info["generation"] == 2 else None)
+    t0, c0 = time.perf_counter(), time.process_time()
+    from shardfeed.loader import Loader, ShardDataset
+    t1, c1 = time.perf_counter(), time.process_time()
+    loader = Loader(ShardDataset(job["folder"], shuffle=job["order"]), job["batch_size"])
+    it = iter(loader)
+    batch = next(it)
+    t2, c2 = time.perf_counter(), time.process_time()
+    if len(batch["__key__"]) != job["batch_size"]:
+        return {"status": f"error: a first batch of {len(batch['__key__'])}, not {job['batch_size']}"}
+    for _ in range(20):
+        next(it)
+    t3, c3 = time.perf_counter(), time.process_time()
+    loader.close()
+    return {"status": "ok", "import_s": t1 - t0, "import_cpu_s": c1 - c0, "first_s": t2 - t0,
+            "first_cpu_s": c2 - c0, "next20_cpu_s": c3 - c2, "full_gc_in_start": sum(t <= t2 for t in full),
+            "full_gc_in_next20": sum(t2 < t <= t3 for t in full), "numba": "numba" in sys.modules}
+
+
 def fresh(folder: str, order: str, batch_size: int) -> dict:
+    from shardfeed.tools.bench import fresh as runner
+
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    done = subprocess.run([sys.executable, "-c", CHILD, folder, order, str(batch_size)], capture_output=True,
-                          text=True, timeout=300, env=env)
-    if done.returncode:
-        return {"status": f"error: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}"}
-    return {"status": "ok", **json.loads(done.stdout.strip().splitlines()[-1])}
+    return runner.run("shardfeed.tools.bench.startup:first_batch",
+                      {"folder": folder, "order": order, "batch_size": batch_size}, timeout=300, by_path=True, env=env)
 
 
 def summary(runs: list[dict]) -> dict:
@@ -123,9 +127,7 @@ def main(args: argparse.Namespace) -> int:
                      f"{r['full_gc_in_next20']} | {r['numba']} |")
     text = "\n".join(lines)
     print(text)
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "bench_startup.json"), "w") as f:
-        json.dump(report, f, indent=1)
-    with open(os.path.join(out, "bench_startup.md"), "w") as f:
-        f.write(text + "\n")
+    from shardfeed.tools.bench import results
+
+    results.write(out, {"bench_startup.json": report, "bench_startup.md": text + "\n"})
     return 0 if all(r["ok"] == r["runs"] for r in rows.values()) else 1

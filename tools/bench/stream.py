@@ -11,7 +11,6 @@ sample to the follower's last delivered batch.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -96,9 +95,7 @@ def main(args) -> int:
         print(f"{size:>7,} B samples, poll {args.poll_s:g} s: publish->delivery median {row['latency_median_ms']:.0f} ms, "
               f"p99 {row['latency_p99_ms']:.0f} ms over {plural(len(ms), 'shard')}; ingest+follow "
               f"{row['samples_s']:,.0f} samples/s, {row['mb_s']:.1f} MB/s ({plural(thr['samples'], 'sample')})")
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "bench_stream.json")
-    with open(path, "w") as f:
-        json.dump(out, f, indent=1)
-    print(f"bench stream: results in {path}")
+    from shardfeed.tools.bench import results
+
+    results.write(args.out, {"bench_stream.json": out}, say="stream")
     return 0

@@ -21,7 +21,7 @@ Token ids are uint16 (GPT-2's 50,257-id vocabulary) or, with --dtype uint32, uin
   window of token ids (``ndarray.tobytes()``) per sample; ``StreamingDataset(local=..., shuffle=True,
   shuffle_seed=0, batch_size=B)`` (its default py1e shuffle) + torch ``DataLoader(batch_size=B,
   num_workers)`` whose collate turns each sample back with ``np.frombuffer(..., uint16)`` and stacks.
-  Streaming runs in its own venv (``.venv-peers``, see compare_peers.py): each of its passes is a process
+  Streaming runs in its own venv (``.venv-peers``, see peers.py): each of its passes is a process
   of that venv's python, timed inside it from the dataset's construction as the other passes are (its
   imports are not timed, as theirs are not). Without that venv its rows say "skipped" and why.
 - **Memory bandwidth**: ``numpy.copyto`` of a 256 MiB array (page-faulted first), bytes of the source
@@ -35,7 +35,6 @@ the repeats.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -104,7 +103,7 @@ def _batches(variant: str, where, window: int, batch: int, workers: int, dtype: 
     if variant == "streaming":
         from torch.utils.data import DataLoader
 
-        from shardfeed.tools.bench.compare_peers import import_streaming
+        from shardfeed.tools.bench.peers import import_streaming
         _, streaming_dataset = import_streaming()
         dataset = streaming_dataset(local=where, shuffle=True, shuffle_seed=0, batch_size=batch)
         import functools
@@ -140,17 +139,11 @@ def _pass(variant, where, window, batch, workers, expected_sum, dtype: str = "ui
             "steady": (count - first[1]) / (end - first[0]) if end > first[0] else None}
 
 
-RESULT = "BENCH_TOKENS_RESULT "
-# Streaming's venv may hold another checkout's shardfeed: its process loads this file by path
-_BY_PATH = ("import importlib.util, sys; s = importlib.util.spec_from_file_location('bench_tokens', sys.argv[1]); "
-            "m = importlib.util.module_from_spec(s); s.loader.exec_module(m); m.child(sys.argv[2])")
-
-
-def child(job_json: str) -> None:
-    """A Streaming process: write the MDS shards from the .bin, or time one pass; prints RESULT + json."""
-    job = json.loads(job_json)
+def child(job: dict) -> dict:
+    """A Streaming process (fresh.run, under Streaming's venv): write the MDS shards from the .bin, or time
+    one pass."""
     try:
-        from shardfeed.tools.bench.compare_peers import import_streaming
+        from shardfeed.tools.bench.peers import import_streaming
         mds_writer, _ = import_streaming()
         if job["mode"] == "write":
             mm, w = np.memmap(job["bin"], dtype=np.dtype(job["dtype"]), mode="r"), job["window"]
@@ -166,16 +159,14 @@ def child(job_json: str) -> None:
                            job["dtype"])
     except ImportError as e:
         result = {"status": f"skipped: cannot import MosaicML Streaming ({type(e).__name__}: {e})"}
-    except Exception as e:
-        result = {"status": f"error: {type(e).__name__}: {str(e)[:300]}"}
-    print(RESULT + json.dumps(result), flush=True)
+    return result
 
 
 def _in_streaming(python: str, job: dict, timeout: float = 1800) -> dict:
-    from shardfeed.tools.bench.child import result_of
+    from shardfeed.tools.bench import fresh
 
-    return result_of([python, "-c", _BY_PATH, os.path.abspath(__file__), json.dumps(job)], RESULT, timeout,
-                     who="the process")
+    # by path: Streaming's venv may hold another checkout's shardfeed
+    return fresh.run("shardfeed.tools.bench.tokens:child", job, timeout=timeout, python=python, by_path=True)
 
 
 def _streaming_data(folder: str, bin_path: str, window: int, python: str | None, dtype: str) -> str:
@@ -211,7 +202,7 @@ def main(args: argparse.Namespace) -> int:
     tokens = (np.random.default_rng(0).integers(0, vocab, n)).astype(dtype)
     expected = int(tokens.sum(dtype=np.int64))
     where = _write(data, tokens, args.window)
-    from shardfeed.tools.bench.compare_peers import peers_python
+    from shardfeed.tools.bench.peers import peers_python
     peers_py = None if args.peers_python == "none" else peers_python(args.peers_python)
     where["streaming"] = os.path.join(data, "streaming")
     streaming = _streaming_data(where["streaming"], where["megatron"][0], args.window, peers_py, dtype)
@@ -238,25 +229,20 @@ def main(args: argparse.Namespace) -> int:
                 row[k] = statistics.median(vals) if vals else None
             row["share_of_copy"] = row["steady"] * tokens.itemsize / (bw * 1e9) if row.get("steady") else None
         rows.append(row)
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    from shardfeed.tools.bench import results
+
     report = {"tokens": n, "dtype": dtype, "window": args.window, "batch_size": args.batch_size, "repeat": args.repeat,
-              "copy_gb_s": bw, "machine": f"{os.cpu_count()} cores, 1-min load {load:.1f} at the end", "rows": rows}
+              "copy_gb_s": bw, "machine": results.machine(), "rows": rows}
     labels = {"shardfeed": "shardfeed token windows (global shuffle)",
               "megatron": "Megatron-style .bin/.idx memmap + DataLoader(shuffle=True)",
               "streaming": "MosaicML Streaming, MDS 'bytes' windows (py1e shuffle) + DataLoader"}
-    lines = [f"`shardfeed bench tokens`: {n:,} {dtype} tokens, windows of {args.window:,}, batch {args.batch_size}, "
-             f"median of {args.repeat} passes; numpy copy {bw:.2f} GB/s; {report['machine']}.", "",
-             "| variant | workers | whole pass tokens/s | steady tokens/s | steady share of copy bandwidth | status |",
-             "|---|--:|--:|--:|--:|---|"]
-    for r in rows:
-        f = (lambda v, s=",.0f": "–" if v is None else format(v, s))
-        lines.append(f"| {labels[r['variant']]} | {r['workers']} | {f(r.get('whole'))} | {f(r.get('steady'))} "
-                     f"| {f(r.get('share_of_copy'), '.1%')} | {r['status']} |")
-    md = "\n".join(lines) + "\n"
-    with open(os.path.join(out, "bench_tokens.json"), "w") as fh:
-        json.dump(report, fh, indent=1)
-    with open(os.path.join(out, "bench_tokens.md"), "w") as fh:
-        fh.write("# shardfeed bench tokens\n\n" + md)
+    md = (f"`shardfeed bench tokens`: {n:,} {dtype} tokens, windows of {args.window:,}, batch {args.batch_size}, "
+          f"median of {args.repeat} passes; numpy copy {bw:.2f} GB/s; {report['machine']}.\n\n" + results.table(
+              ["variant", "workers", "whole pass tokens/s", "steady tokens/s", "steady share of copy bandwidth",
+               "status"],
+              [[labels[r["variant"]], r["workers"], results.cell(r.get("whole")), results.cell(r.get("steady")),
+                results.cell(r.get("share_of_copy"), ".1%"), r["status"]] for r in rows], "lrrrrl") + "\n")
+    results.write(out, {"bench_tokens.json": report, "bench_tokens.md": "# shardfeed bench tokens\n\n" + md})
     print(md)
     print(f"bench tokens: wrote {out}/bench_tokens.md and .json", file=sys.stderr)
     return 0 if all(r["status"] == "ok" or r["status"].startswith("skipped") for r in rows) else 1
