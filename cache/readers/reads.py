@@ -163,10 +163,18 @@ class CachedShards(ShardAccess):
         self._held: dict[int, list] = {}  # shard -> open pins (one per path_of not yet released)
         self._paths: dict[str, int] = {}  # cached file -> shard, for errors that name the file
         self._c = _reader_counters()
+        self._refs: tuple = (None, {})  # (the index, {shard: its ShardRef})
 
     def ref(self, i: int) -> ShardRef:
-        h = self.index.hashes[i] or None
-        return ShardRef(self.url_of(i), h, int(self.index.sizes[i]), None if h else index_version(self.index))
+        refs = self._refs
+        if refs[0] is not self.index:  # a followed dataset's index is replaced as it grows
+            refs = self._refs = (self.index, {})
+        got = refs[1].get(i)
+        if got is None:  # remembered: the prefetcher's plan names hundreds of shards at every step
+            h = self.index.hashes[i] or None
+            got = refs[1][i] = ShardRef(self.url_of(i), h, int(self.index.sizes[i]),
+                                        None if h else index_version(self.index))
+        return got
 
     def needs_sidecar(self, i: int) -> bool:
         # a foreign tar scanned on open has its table in the index and no sidecar anywhere

@@ -32,6 +32,7 @@ import ctypes
 import os
 import threading
 import time
+import uuid
 
 import numpy as np
 
@@ -192,7 +193,18 @@ class RangeFetcher:
         want = _SIDECAR_BASE + _SIDECAR_PER_SAMPLE * int(count)
         key = os.path.basename(side).split(".", 1)[0]
         room = dict(headroom=headroom, for_step=for_step, held=held, on_wait=on_wait)
-        tmp = self.cache.budget.make_room_and_create(key, SIDECAR, want, src.url, **room)
+        # a prefetch's sidecar draws its room from the lease its ranges draw from (range_room.py): one room
+        # made per sidecar was a folder scan for each of the ~700 a warm epoch of bench remote fetches
+        lease = self.room.draw(want, src.url, headroom, for_step)
+        if lease is None:
+            tmp = self.cache.budget.make_room_and_create(key, SIDECAR, want, src.url, **room)
+        else:
+            tmp = os.path.join(self.cache.data_dir, f"{key}{SIDECAR}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+            try:
+                os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644))
+            except BaseException:
+                self.room.landed(lease)
+                raise
         try:
             t0 = time.monotonic()
             data = with_retries(src.url, "reading it",
@@ -219,6 +231,9 @@ class RangeFetcher:
         except BaseException:
             unlink_quiet(tmp)
             raise
+        finally:
+            if lease is not None:
+                self.room.landed(lease)
 
     def ensure(self, ref, local, count: int, cancel=None, headroom: int = 0,
                for_step: int | None = None, on_wait=None) -> tuple[int, int]:

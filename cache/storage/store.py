@@ -32,6 +32,7 @@ prefetcher's (``fetch.PREFETCH_COUNTERS``, counted where it runs).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 import time
@@ -97,9 +98,7 @@ class ShardCache:
     def key_for(url: str, expected_hash: str | None = None, version: str | None = None) -> str:
         """``h-<hash>``; without a hash ``u-<hash of the URL and version>``: a
         dataset rewritten at the same URL has a new index, hence new keys."""
-        if expected_hash:
-            return "h-" + "".join(c for c in expected_hash.lower() if c in "0123456789abcdef")[:64]
-        return "u-" + xxhash.xxh3_128_hexdigest(f"{url}\0{version or ''}".encode())
+        return _key_for(url, expected_hash or None, version)
 
     def path_for(self, url: str, expected_hash: str | None = None, version: str | None = None) -> str:
         """Where the entry lives once LOCAL (it may not be there yet)."""
@@ -357,6 +356,15 @@ class ShardCache:
         except BaseException:
             unlink_quiet(tmp)
             raise
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _key_for(url: str, expected_hash: str | None, version: str | None) -> str:
+    """ShardCache.key_for, remembered: every range fetch and hit names its entries several
+    times (tens of thousands of calls an epoch at 8,000 samples)."""
+    if expected_hash:
+        return "h-" + "".join(c for c in expected_hash.lower() if c in "0123456789abcdef")[:64]
+    return "u-" + xxhash.xxh3_128_hexdigest(f"{url}\0{version or ''}".encode())
 
 
 def _mtime_of(url: str) -> str:
