@@ -65,7 +65,7 @@ class Budget:
         self._plan = plan  # () -> {key: next step}
         self._count = count  # (**counter deltas) -> None
         self._live: set[str] = set()  # temporaries this object made that may still be written to
-        self._sizes: dict[str, tuple] = {}  # name -> (inode, size, blocks, mtime, charge, key) of content-keyed files (_scan)
+        self._sizes: dict[str, tuple] = {}  # name -> (inode, size, blocks, mtime) of content-keyed files (_scan)
         self.block = block_size(cache_dir)
         self._files: dict[str, tuple] = {}  # path -> (inode, bytes) of finished metadata files (_folder_bytes)
         self._meta_now = 0  # metadata bytes at the last scan
@@ -79,20 +79,12 @@ class Budget:
     def whole_bytes(self) -> int:
         """Budget bytes outside partial copies: whole shards, their sidecars, temporaries.
         Partial copies live in ranged_reads' reserve, so a whole shard is never admitted into
-        room they hold only for a moment (it would evict what the plan reads next).
-        Content-keyed files are charged from the scans' memory (``_scan``), not stat-ed."""
+        room they hold only for a moment (it would evict what the plan reads next)."""
         total = 0
-        sizes = self._sizes
         with os.scandir(self.data_dir) as it:
             for e in it:
-                name = e.name
-                if ".tmp-" not in name:
-                    if name.startswith(PARTIAL):
-                        continue
-                    memo = sizes.get(name)
-                    if memo is not None and memo[0] == e.inode():
-                        total += memo[4]
-                        continue
+                if e.name.startswith(PARTIAL) and ".tmp-" not in e.name:
+                    continue
                 try:
                     st = e.stat()
                 except FileNotFoundError:
@@ -171,37 +163,30 @@ class Budget:
         if self._after_listing is not None:
             self._after_listing()
         seen: dict[str, tuple] = {}
-        block, sizes = self.block, self._sizes
         for e in listed:
             name = e.name
-            if ".tmp-" in name:
-                try:
-                    st = e.stat()
-                except FileNotFoundError:
-                    continue
-                charged = temp_bytes(name, st.st_size, st.st_blocks, block)  # preallocated, or a reservation
-                tmp_bytes += charged
-                temps.append((name.split(".", 1)[0], e.path, charged))
-                continue
-            fixed = name.startswith("h-") or (name.startswith("r-h-") and "." in name)
-            memo = sizes.get(name) if fixed and not fresh else None
+            fixed = ".tmp-" not in name and (name.startswith("h-") or (name.startswith("r-h-") and "." in name))
+            memo = self._sizes.get(name) if fixed and not fresh else None
             if memo is None or memo[0] != e.inode():
                 try:
                     st = e.stat()
                 except FileNotFoundError:
                     continue
-                # a partial copy (ranged_reads.py) is sparse: count the disk it holds, not its size
-                sparse = name.startswith("r-") and "." not in name
-                memo = (e.inode(), st.st_size, st.st_blocks, st.st_mtime,
-                        on_disk(st.st_size, st.st_blocks, block, sparse=sparse), name.split(".", 1)[0])
+                memo = (e.inode(), st.st_size, st.st_blocks, st.st_mtime)
             if fixed:
                 seen[name] = memo
-            rec = entries.get(memo[5])
-            if rec is None:
-                rec = entries[memo[5]] = [0, 0.0]
-            rec[0] += memo[4]
+            _, size, blocks, mtime = memo
+            key = name.split(".", 1)[0]
+            if ".tmp-" in name:
+                charged = temp_bytes(name, size, blocks, self.block)  # preallocated, or a reservation (sparse)
+                tmp_bytes += charged
+                temps.append((key, e.path, charged))
+                continue
+            rec = entries.setdefault(key, [0, 0.0])
+            # a partial copy (ranged_reads.py) is sparse: count the disk it holds, not its size
+            rec[0] += on_disk(size, blocks, self.block, sparse=name.startswith("r-") and "." not in name)
             if "." not in name:
-                rec[1] = memo[3]
+                rec[1] = mtime
         self._sizes = seen
         return {k: (b, t) for k, (b, t) in entries.items()}, tmp_bytes, temps
 
