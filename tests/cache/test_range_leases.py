@@ -1,6 +1,8 @@
-"""Room for a prefetch's small fetches taken ahead, as leases (cache/sample_ranges/range_room.py):
-each room made lists the cache folder under the node's lock, and at one per range or sidecar
-fetch those listings were most of a range request's CPU (bench remote: ~4,300 a warm epoch)."""
+"""The cache-folder listings a range fetch costs: room for a prefetch's small fetches taken ahead
+as leases (cache/sample_ranges/range_room.py), and the whole shards' bytes a choice reads
+(RangePolicy.used). Each listing is a scan of the folder (1-3 ms at 1,500 entries), and at one
+or more per range or sidecar fetch they were most of a range request's CPU (bench remote:
+~4,300 requests a warm epoch)."""
 
 from __future__ import annotations
 
@@ -74,3 +76,34 @@ def test_a_prefetchs_sidecars_and_ranges_draw_from_leases(tmp_path):
         with open_shard(ix, s, fetcher.path(ref)) as r:
             got = r.read(s % PER_SHARD)
         assert bytes(got["bin"]) == labelled_sample(s * PER_SHARD + s % PER_SHARD, PAYLOAD)["bin"]
+
+
+def test_whole_shard_bytes_are_listed_by_one_thread_at_a_time(tmp_path):
+    """RangePolicy.used(): what whole shards hold, listed from the cache folder (Budget.whole_bytes)
+    and reused for _USED_TTL_S. Every fetch thread asks it at each choice; at 20 ms a listing and
+    each thread listing on its own, bench remote's warm epoch listed the folder 3,700 times. Now
+    one thread lists while the others take the last answer."""
+    import threading
+    import time
+
+    from shardfeed.cache.readers.ranged_reads import _USED_TTL_S, RangePolicy
+
+    cache = ShardCache(str(tmp_path / "c"), LIMIT)
+    policy = RangePolicy(cache, LIMIT * 2, 1000)
+    listed, whole = [], cache.budget.whole_bytes
+
+    def counted():
+        listed.append(1)
+        time.sleep(0.002)  # a listing of a full folder takes about this long
+        return whole()
+
+    cache.budget.whole_bytes = counted
+    span, end = 3 * _USED_TTL_S, time.monotonic() + 3 * _USED_TTL_S
+    threads = [threading.Thread(target=lambda: [policy.used() for _ in iter(lambda: time.monotonic() < end, False)])
+               for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert _USED_TTL_S >= 0.1
+    assert len(listed) <= span / _USED_TTL_S + 2, f"{len(listed)} listings in {span:.2f} s"
