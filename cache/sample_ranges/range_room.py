@@ -25,9 +25,10 @@ _pool_mu = threading.Lock()
 
 LEASE_BYTES = 1 << 20  # room a process takes at once for its next small fetches (Leases.draw)
 LEASE_S = 0.25  # and for at most this long
-# a lease holds this many times the room of the fetch that takes it (at 64, bench remote's warm epoch took 90
-# leases instead of 290, but the room they held unused evicted copies read later: 6% more bytes fetched)
-LEASE_FETCHES = 16
+# a lease holds this many times the room of the fetch that takes it: bench remote's warm epoch (4,300 fetches of
+# ~14 KB) took 290 leases at 16, a folder scan each (a fifth of the process's CPU), 140 at 32; at 64, 80, but the
+# room they held unused evicted copies read later (2-6% more bytes fetched)
+LEASE_FETCHES = 32
 
 
 class _Lease:

@@ -53,7 +53,7 @@ def test_a_lease_refused_beyond_the_headroom_still_serves_the_window(tmp_path):
 def test_a_prefetchs_sidecars_and_ranges_draw_from_leases(tmp_path):
     """SHARDS shards fetched on a prefetch's terms, one sample each: a sidecar and a range per
     shard, 48 fetches. Each sidecar made its own room (a folder scan each, SHARDS of them);
-    from leases of 16 fetches' room the whole lot takes a few. Every sample is the one written."""
+    from leases of LEASE_FETCHES fetches' room the whole lot takes a few. Every sample is the one written."""
     root = str(tmp_path / "ds")
     with ShardWriter(root, max_shard_samples=PER_SHARD) as w:
         for i in range(SHARDS * PER_SHARD):
