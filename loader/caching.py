@@ -379,12 +379,12 @@ def open_cached(source, cache_dir, limit_bytes, storage_options):
     mirrored into the cache folder (and named by its URL); a local one is read
     in place. CacheLimitError now if the biggest shard cannot fit."""
     from shardfeed.cache import mirror_index
-    from shardfeed.cache.fetching.url_sources import scheme_of
+    from shardfeed.cache.fetching.url_schemes import is_remote
     from shardfeed.formats import open_index
 
     spec = cache_spec(source, cache_dir, limit_bytes, storage_options)
     cache = spec.open()
-    if isinstance(source, str) and scheme_of(source) not in ("", "file"):
+    if isinstance(source, str) and is_remote(source):
         url = source.rstrip("/")
         try:
             index = open_index(mirror_index(url, cache))

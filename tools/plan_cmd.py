@@ -171,12 +171,13 @@ def _open(args):
     import os
     import tempfile
 
-    from shardfeed.cache.fetching.url_sources import open_source, scheme_of
+    from shardfeed.cache.fetching.url_schemes import is_remote
+    from shardfeed.cache.fetching.url_sources import open_source
     from shardfeed.cache.readers.ranged_reads import SIDECAR_SHARE
     from shardfeed.formats import ShardError, open_index
 
     src = str(args.dataset)
-    if scheme_of(src) not in ("", "file"):
+    if is_remote(src):
         from shardfeed.cache.remote.remote_index import open_remote_index
 
         folder = args.cache_dir or tempfile.mkdtemp(prefix="shardfeed-plan-")

@@ -238,6 +238,13 @@ def simulate(sizes, accesses, limit_bytes: int, policy="belady") -> np.ndarray:
     return np.array([int(fetched[a:b].sum()) for a, b in zip(accesses.bounds[:-1], accesses.bounds[1:])], np.int64)
 
 
+def _is_sequence(seq) -> bool:
+    """Whether ``seq`` is shards in read order (an Accesses, an array or a list of ids), not plans."""
+    if isinstance(seq, (Accesses, np.ndarray)):
+        return True
+    return isinstance(seq, (list, tuple)) and all(isinstance(x, (int, np.integer)) for x in seq)
+
+
 def expected_fetch(counts, sizes, plan_or_sequence, limit_bytes: int, policy="belady") -> int:
     """Bytes a whole-shard cache of ``limit_bytes`` fetches, starting empty.
 
@@ -247,9 +254,8 @@ def expected_fetch(counts, sizes, plan_or_sequence, limit_bytes: int, policy="be
     ids in read order. ``counts`` (samples per shard) must match the plans'.
     """
     seq = plan_or_sequence
-    if hasattr(seq, "positions"):
-        seq = [seq]
-    if isinstance(seq, (list, tuple)) and seq and hasattr(seq[0], "positions"):
+    if not _is_sequence(seq):  # plans: one rank's, or a node's ranks'
+        seq = list(seq) if isinstance(seq, (list, tuple)) else [seq]
         counts = np.asarray(counts, np.int64)
         for p in seq:
             if p.counts.shape != counts.shape or not np.array_equal(p.counts, counts):
