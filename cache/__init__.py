@@ -10,7 +10,8 @@ from shardfeed.formats.base.lazy import exports
 
 if TYPE_CHECKING:  # what the names are, for type checkers; at run time each is imported on first use
     from shardfeed.cache.fetching.fetch import Cancelled, FetchOptions
-    from shardfeed.cache.fetching.url_sources import Source, open_source
+    from shardfeed.cache.fetching.source_contract import Source
+    from shardfeed.cache.fetching.url_sources import open_source
     from shardfeed.cache.planning.prefetch import Prefetcher
     from shardfeed.cache.remote.remote_index import RemoteDataset, RemoteIndex, mirror_index, open_remote_index
     from shardfeed.cache.storage.store import CacheLimitError, ShardCache, ShardRef
@@ -24,7 +25,7 @@ _EXPORTS = {
     "RemoteIndex": "remote.remote_index",
     "mirror_index": "remote.remote_index",
     "open_remote_index": "remote.remote_index",
-    "Source": "fetching.url_sources",
+    "Source": "fetching.source_contract",
     "open_source": "fetching.url_sources",
     "CacheLimitError": "storage.store",
     "ShardCache": "storage.store",

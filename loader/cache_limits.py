@@ -19,8 +19,9 @@ from shardfeed.cache import CacheLimitError
 from shardfeed.cache.fetching.fetch import with_retries
 from shardfeed.cache.fetching.url_sources import open_source
 from shardfeed.cache.readers import ranged_reads
-from shardfeed.cache.readers.ranged_reads import RangePolicy, plan_bytes
+from shardfeed.cache.readers.ranged_reads import RangePolicy
 from shardfeed.cache.readers.reads import entry_bytes
+from shardfeed.cache.storage.eviction import plan_bytes
 from shardfeed.formats import ShardError
 from shardfeed.formats.index import INDEX_NAME
 from shardfeed.formats.own_tables import parse_index_bytes

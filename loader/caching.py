@@ -4,10 +4,10 @@ Who does what:
 
 - Readers (the Loader's workers, or the main process with ``num_workers=0``,
   or a plain torch DataLoader's workers) open shards through
-  ``cache.reads.CachedShards``: a shard's verified local copy, pinned while
+  ``cache.readers.reads.CachedShards``: a shard's verified local copy, pinned while
   the reader holds it open, fetched by the reader itself on a miss.
 - One prefetcher per Loader, in the main process (``LoaderCache``): a
-  ``cache.clairvoyant.PlanPrefetcher`` fed by the feed's lookahead (a private
+  ``cache.planning.clairvoyant.PlanPrefetcher`` fed by the feed's lookahead (a private
   copy of the feed, so the lookahead runs in the prefetch thread, never on
   the training loop's path). It fetches the shards in order of next use and
   publishes their steps as the cache's lookahead, so eviction is Belady's
@@ -18,7 +18,7 @@ Who does what:
   CacheLimitError with the bytes needed; a plan that will thrash (the node
   reads more than the cache holds, in an order that refetches) warns once,
   on the node's first rank, with Belady's estimate of the bytes fetched per
-  epoch (cache/simulate.py, over a bounded prefix of the epoch) and the fixes.
+  epoch (cache/planning/thrash.py, over a bounded prefix of the epoch) and the fixes.
 
 Global step numbers for the cache's lookahead are ``epoch * 10**9 + step``:
 the same on every rank, since all ranks take the same steps.
@@ -32,9 +32,10 @@ import numpy as np
 
 from shardfeed.cache import CacheLimitError
 from shardfeed.cache.planning.clairvoyant import PlanPrefetcher
-from shardfeed.cache.planning.simulate import belady_bytes
-from shardfeed.cache.readers.ranged_reads import NEAR_STEPS, RANGE_THREADS, plan_bytes
+from shardfeed.cache.planning.thrash import step_reads, warm_epoch
+from shardfeed.cache.readers.ranged_reads import NEAR_STEPS, RANGE_THREADS
 from shardfeed.cache.readers.reads import CachedShards, entry_bytes, max_entry_bytes
+from shardfeed.cache.storage.eviction import plan_bytes
 from shardfeed.loader.cache_limits import (
     LOOKAHEAD_SHARDS,
     below_one_shard,
@@ -271,42 +272,21 @@ class LoaderCache:
     def node_reads(self, epoch: int, max_positions: int = SIM_POSITIONS):
         """(shards read in order, one per step that reads them, over this node's
         ranks; the fraction of the epoch covered) for a prefix of ``epoch``."""
-        feed, index = self.feed, self.ds.index
-        job = feed.job(epoch)
-        t = self.ds.topology
+        job, t = self.feed.job(epoch), self.ds.topology
         rpn = job.ranks_per_node or t.world_size
         node = t.rank // rpn
         ranks = range(node * rpn, min(t.world_size, (node + 1) * rpn))
-        keys, frac = [], 1.0
-        n_shards = len(index)
-        for r in ranks:
-            plan = self.ds.spec.plan(epoch, job, r)
-            bs = job.batch_size(r)
-            n = plan.num_samples
-            m = min(n, max(bs, max_positions // len(ranks)))
-            if n:
-                frac = min(frac, m / n)
-            pos = plan.positions(0, m)
-            shard = np.searchsorted(index.offsets, pos, side="right") - 1
-            keys.append((np.arange(m, dtype=np.int64) // bs) * n_shards + shard)
-        uniq = np.unique(np.concatenate(keys)) if keys else np.zeros(0, np.int64)  # step-major, each (step, shard) once
-        return uniq % n_shards, frac
+        plans = [(self.ds.spec.plan(epoch, job, r), job.batch_size(r)) for r in ranks]
+        return step_reads(self.ds.index.offsets, plans, max_positions)
 
     def estimate_epoch(self, epoch: int) -> dict:
         """Bytes the node reads and fetches in an epoch like ``epoch`` once the cache is warm: the epoch after
         it simulated behind it (a cold one also fetches what the cache keeps), each over half the positions."""
-        reads, frac = self.node_reads(epoch, SIM_POSITIONS // 2)
+        reads, _ = self.node_reads(epoch, SIM_POSITIONS // 2)
         after, frac_after = self.node_reads(epoch + 1, SIM_POSITIONS // 2)
-        sizes = self.ds.index.sizes
-        touched = np.unique(after)
-        node_bytes = int(sizes[touched].sum())
-        if frac_after < 1.0:
-            node_bytes = min(int(sizes.sum()), int(node_bytes / frac_after))
-        room, charge = self.belady_room(), entry_bytes(self.ds.index)  # the room holds shards' blocks and sidecars
-        warm = (belady_bytes(np.concatenate([reads, after]), charge, room) - belady_bytes(reads, charge, room)) \
-            * int(sizes.sum()) / max(1, int(charge.sum()))
-        return {"node_bytes": node_bytes, "fetched_bytes": int(warm / max(frac_after, 1e-9)),
-                "fraction_simulated": frac_after}
+        # the room holds shards' blocks and sidecars
+        return warm_epoch(reads, after, frac_after, self.ds.index.sizes, entry_bytes(self.ds.index),
+                          self.belady_room())
 
     def belady_room(self) -> int:
         """The budget eviction chooses from: less what eviction cannot free (the mirrored index,
@@ -379,12 +359,12 @@ def open_cached(source, cache_dir, limit_bytes, storage_options):
     mirrored into the cache folder (and named by its URL); a local one is read
     in place. CacheLimitError now if the biggest shard cannot fit."""
     from shardfeed.cache import mirror_index
-    from shardfeed.cache.fetching.url_sources import scheme_of
+    from shardfeed.cache.fetching.url_schemes import is_remote
     from shardfeed.formats import open_index
 
     spec = cache_spec(source, cache_dir, limit_bytes, storage_options)
     cache = spec.open()
-    if isinstance(source, str) and scheme_of(source) not in ("", "file"):
+    if isinstance(source, str) and is_remote(source):
         url = source.rstrip("/")
         try:
             index = open_index(mirror_index(url, cache))

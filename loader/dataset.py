@@ -131,9 +131,10 @@ class ShardDataset(_placement.Placed, torch.utils.data.IterableDataset):
         super().__init__()
         if not isinstance(source, (str, list, tuple)):
             source = os.fspath(source)
-        remote = isinstance(source, str) and _is_url(source)
+        from shardfeed.cache.fetching.url_schemes import check_url, is_remote
+
+        remote = isinstance(source, str) and is_remote(source)
         if remote:  # a scheme without a reader fails here, before any cache is set up for it
-            from shardfeed.cache.fetching.url_sources import check_url
 
             check_url(source)
         if transform is not None and not callable(transform):
@@ -401,12 +402,6 @@ def _order_options(order: Order, block_shards, shuffle_buffer) -> tuple[int, int
             raise ValueError(f"{name}={value!r} must be an int >= 1")
     return (DEFAULT_BLOCK_SHARDS if block_shards is None else int(block_shards),
             DEFAULT_BUFFER_SIZE if shuffle_buffer is None else int(shuffle_buffer))
-
-
-def _is_url(source: str) -> bool:
-    from shardfeed.cache.fetching.url_sources import scheme_of
-
-    return scheme_of(source) not in ("", "file")
 
 
 def _local_folder(source: str) -> str:

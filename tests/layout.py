@@ -132,6 +132,40 @@ def inside(package: str, root: str = ROOT) -> dict[str, set[str]]:
             for a, bs in g.items() if a.startswith(p)}
 
 
+def rooms(package: str, root: str = ROOT) -> dict[str, set[str]]:
+    """The graph between the subfolders (rooms) of one package: room -> the rooms its modules import
+    (a module directly in the package, its ``__init__`` only, is left out)."""
+    g = inside(package, root)
+    names = {a.split(".")[0] for a in g if "." in a}
+    out: dict[str, set[str]] = {r: set() for r in names}
+    for a, bs in g.items():
+        if "." in a:
+            out[a.split(".")[0]].update(b.split(".")[0] for b in bs)
+    return {r: (targets & names) - {r} for r, targets in out.items()}
+
+
+# what a probe is: hasattr(x, "name") / getattr(x, "name"...) on an object of the project (a seam asked about
+# instead of declared); a module's platform features (os, fcntl) are not objects of the project
+_PLATFORM_MODULES = {"os", "fcntl", "sys", "signal", "socket", "errno"}
+
+
+def probes(package: str, root: str = ROOT) -> list[str]:
+    """``module:line object.name`` of every hasattr/getattr with a literal name in ``package``."""
+    out = []
+    for name, path in modules(root).items():
+        if not name.startswith(package + ".") and name != package:
+            continue
+        tree = ast.parse(open(path, encoding="utf-8").read(), path)
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id in ("hasattr", "getattr") and len(node.args) >= 2
+                    and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
+                target = ast.unparse(node.args[0])
+                if target not in _PLATFORM_MODULES:
+                    out.append(f"{name}:{node.lineno} {target}.{node.args[1].value}")
+    return sorted(out)
+
+
 def line_counts(root: str = ROOT) -> dict[str, int]:
     """Module path (``loader/follow.py``) -> its number of lines."""
     out = {}
@@ -155,11 +189,18 @@ def basename_collisions(root: str = ROOT) -> dict[str, list[str]]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--inside", help="show the module graph inside this package instead")
+    p.add_argument("--rooms", help="show the graph between this package's subfolders and its probes instead")
     p.add_argument("--lines", action="store_true", help="line count of every module, largest first")
     args = p.parse_args(argv)
     if args.lines:
         for path, n in sorted(line_counts().items(), key=lambda kv: -kv[1]):
             print(f"{n:5d}  {path}")
+        return 0
+    if args.rooms:
+        for a, bs in sorted(rooms(args.rooms).items()):
+            print(f"{a} -> {', '.join(sorted(bs)) or '(none)'}")
+        for p in probes(args.rooms):
+            print("probe:", p)
         return 0
     if args.inside:
         g = inside(args.inside)

@@ -221,8 +221,9 @@ def class_order_warning(writer) -> str | None:
 def main(args) -> int:
     from tqdm import tqdm
 
+    from shardfeed.cache.fetching.url_schemes import is_remote
     from shardfeed.formats import ShardError, ShardWriter
-    from shardfeed.tools.ingest_remote import RemoteIngestWriter, is_remote
+    from shardfeed.tools.ingest_remote import RemoteIngestWriter
 
     if args.dst is None:
         return end_only(args)
@@ -280,8 +281,9 @@ def main(args) -> int:
 
 def end_only(args) -> int:
     """`ingest --end DATASET`: publish the end of the stream and nothing else."""
+    from shardfeed.cache.fetching.url_schemes import is_remote
     from shardfeed.formats import ShardError, ShardWriter
-    from shardfeed.tools.ingest_remote import RemoteIngestWriter, is_remote
+    from shardfeed.tools.ingest_remote import RemoteIngestWriter
 
     dataset = args.src
     if not args.end:

@@ -24,16 +24,12 @@ from shardfeed.formats import ShardError
 _PROBE = ".shardfeed-conditional-put-probe"
 
 
-def is_remote(dst: str) -> bool:
-    return "://" in str(dst) and not str(dst).startswith("file://")
-
-
 class RemoteIngestWriter:
     """What ingest asks of its writer (write, close, end_stream, abort, shards, fields,
     format, bytes_written, root), over a RemoteAppender at ``url``."""
 
     def __init__(self, url: str, prefix: str, storage_options: dict | None = None, **writer_kwargs):
-        from shardfeed.cache.fetching.url_sources import check_url
+        from shardfeed.cache.fetching.url_schemes import check_url
         from shardfeed.formats.remote_log import RemoteAppender
 
         check_url(url)  # shell URLs and unknown schemes, named

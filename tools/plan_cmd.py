@@ -96,8 +96,9 @@ def ranged_reserve(counts, sizes, limit: int, rpn: int, batch_size: int, sidecar
     functions): ``rpn`` ranks, each with ``workers`` readers (num_workers; 0: one);
     ``floor``: (reserve, the worst case of the pins, the metadata and the prefetch windows,
     which the cost model's whole shards may take the rest of)."""
-    from shardfeed.cache.readers.ranged_reads import NEAR_STEPS, plan_bytes
+    from shardfeed.cache.readers.ranged_reads import NEAR_STEPS
     from shardfeed.cache.sample_ranges.cost_model import batches_held, range_reserve, range_working, window_held
+    from shardfeed.cache.storage.eviction import plan_bytes
 
     total, samples = int(np.sum(sizes)), int(np.sum(counts))
     if total * (1 + sidecar_share) <= limit * 1.002:  # as RangePolicy: the data fits
@@ -171,12 +172,13 @@ def _open(args):
     import os
     import tempfile
 
-    from shardfeed.cache.fetching.url_sources import open_source, scheme_of
+    from shardfeed.cache.fetching.url_schemes import is_remote
+    from shardfeed.cache.fetching.url_sources import open_source
     from shardfeed.cache.readers.ranged_reads import SIDECAR_SHARE
     from shardfeed.formats import ShardError, open_index
 
     src = str(args.dataset)
-    if scheme_of(src) not in ("", "file"):
+    if is_remote(src):
         from shardfeed.cache.remote.remote_index import open_remote_index
 
         folder = args.cache_dir or tempfile.mkdtemp(prefix="shardfeed-plan-")

@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from shardfeed.cache.fetching.url_schemes import is_remote
 from shardfeed.tools.size_options import human_bytes
 from shardfeed.tools.text import plural
 
@@ -51,18 +52,12 @@ def add_cache_arguments(p: argparse.ArgumentParser) -> None:
                    help="bytes of shards the cache may hold, e.g. 2GB (80%% of its disk)")
 
 
-def is_url(dst: str) -> bool:
-    from shardfeed.cache.fetching.url_sources import scheme_of
-
-    return scheme_of(str(dst)) not in ("", "file")
-
-
 def open_dataset(dst: str, args, prog: str):
     """The index of DST: a local one from open_index, a URL's through the cache
     (open_remote_index, saying on stderr which cache folder it uses)."""
     from shardfeed.formats import open_index
 
-    if not is_url(dst):
+    if not is_remote(dst):
         return open_index(dst, on_error="skip")
     from shardfeed.cache import open_remote_index
 
@@ -207,7 +202,7 @@ def main(args) -> int:
     with tqdm(total=total, unit="B", unit_scale=True, desc="verify", file=sys.stderr,
               disable=args.quiet or None) as bar, ThreadPoolExecutor(args.jobs) as pool:
         # map keeps shard order, so the BAD lines come out in index order for any --jobs
-        check = check_remote_shard if is_url(args.dst) else check_shard
+        check = check_remote_shard if is_remote(args.dst) else check_shard
         for i, reason in zip(shards, pool.map(lambda i: check(index, i), shards)):
             bar.update(int(index.sizes[i]))
             if reason is not None:
@@ -224,7 +219,7 @@ def main(args) -> int:
     samples = int(index.counts[shards].sum()) if shards else 0
     print(f"verified {plural(len(shards) + len(index.skipped), 'shard')}, {plural(samples, 'sample')}, {human_bytes(total)} "
           f"in {secs:.2f} s ({mb_s:.1f} MB/s): {verdict}")
-    if is_url(args.dst):
+    if is_remote(args.dst):
         fetched = index.cache.stats()["bytes_fetched"]
         print(f"fetched {human_bytes(fetched)} into the cache at {index.cache.cache_dir}")
     return 1 if n_bad else 0

@@ -31,7 +31,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from shardfeed.cache.fetching.url_sources import Source
+from shardfeed.cache.fetching.source_contract import Source
 from shardfeed.formats import ShardError
 
 
@@ -147,8 +147,7 @@ def fetch_to_fd(source: Source, fd: int, size: int, opts: FetchOptions,
     ranges = [(s, min(s + opts.range_bytes, size)) for s in range(0, size, opts.range_bytes)]
     failed = threading.Event()  # one range gave up: the others stop before their next try
     deadline = time.monotonic() + opts.deadline_s
-    if hasattr(source, "deadline"):
-        source.deadline = deadline
+    source.deadline = deadline
 
     def stopped() -> bool:
         return failed.is_set() or (cancel is not None and cancel.is_set())
@@ -164,8 +163,6 @@ def fetch_to_fd(source: Source, fd: int, size: int, opts: FetchOptions,
                                          "cache_limit_bytes or point cache_dir at a larger disk") from e
 
     headers = threading.Event()  # the first range's answer is known (or it ended)
-    if not hasattr(source, "read_into"):
-        headers.set()  # a file or an object store: ranges are honoured, identity is not checked per range
     whole = []
 
     def seen(w: bool) -> None:
@@ -176,37 +173,26 @@ def fetch_to_fd(source: Source, fd: int, size: int, opts: FetchOptions,
     def one(span, first=False):
         start, end = span
         what = f"reading bytes {start}-{end - 1}"
-        if hasattr(source, "read_into"):
-            got = [0]
+        got = [0]
 
-            def sink(chunk, at):
-                put(chunk, at)
-                got[0] += len(chunk)
+        def sink(chunk, at):
+            put(chunk, at)
+            got[0] += len(chunk)
 
-            def attempt():
-                got[0] = 0
-                if on_request is not None:
-                    on_request()
-                return source.read_into(start, end, sink, size, seen if first else None)
-
-            try:
-                all_of_it = with_retries(source.url, what, attempt, opts, stopped, deadline)
-            finally:
-                if first:
-                    headers.set()
-            if on_bytes is not None:
-                on_bytes(got[0])
-            return size if all_of_it else end - start
-        def attempt_range():
+        def attempt():
+            got[0] = 0
             if on_request is not None:
                 on_request()
-            return source.read_range(start, end)
+            return source.read_into(start, end, sink, size, seen if first else None)
 
-        data = with_retries(source.url, what, attempt_range, opts, stopped, deadline)
-        put(data, start)
+        try:
+            all_of_it = with_retries(source.url, what, attempt, opts, stopped, deadline)
+        finally:
+            if first:
+                headers.set()
         if on_bytes is not None:
-            on_bytes(len(data))
-        return len(data)
+            on_bytes(got[0])
+        return size if all_of_it else end - start
 
     if not ranges:
         return 0

@@ -37,16 +37,21 @@ import tempfile
 import threading
 import time
 import warnings
-from dataclasses import dataclass
 from hashlib import sha1
 from urllib.parse import urljoin, urlsplit
 
-from shardfeed.cache.fetching.url_sources import Source
+from shardfeed.cache.fetching.source_contract import Identity, Source
 
 CHUNK = 256 << 10
 _RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 _HREF = re.compile(r"""href\s*=\s*["']([^"'#?]+)["']""", re.I)
-_local = threading.local()
+
+
+class _PerThread(threading.local):
+    pool: tuple | None = None  # (pid, {(scheme, host, port): kept-alive connection}) of this thread
+
+
+_local = _PerThread()
 _ignoring: set[str] = set()  # origins that answered a Range request with the whole object (this process)
 _ignoring_mu = threading.Lock()
 
@@ -115,25 +120,6 @@ class Changed(HttpError):
     """The object changed between two requests of one fetch (ETag, size or Content-Range)."""
 
 
-@dataclass(frozen=True)
-class Identity:
-    """What names one version of an object: size, ETag, Last-Modified (any may be unknown)."""
-
-    size: int | None = None
-    etag: str | None = None
-    modified: str | None = None
-
-    def token(self) -> str:
-        return f"{self.size}|{self.etag or ''}|{self.modified or ''}"
-
-    def same(self, other: Identity) -> bool:
-        if self.etag and other.etag:
-            return self.etag == other.etag and (self.size is None or other.size is None or self.size == other.size)
-        if self.modified and other.modified and self.modified != other.modified:
-            return False
-        return self.size is None or other.size is None or self.size == other.size
-
-
 def _identity(resp, size: int | None) -> Identity:
     etag = resp.getheader("ETag")
     if etag and etag.startswith("W/"):
@@ -142,7 +128,7 @@ def _identity(resp, size: int | None) -> Identity:
 
 
 class HttpSource(Source):
-    """One http(s):// object: ``stat()``, ``read_range``, ``read_ranges``, ``read_into``, ``get_small``, ``list``."""
+    """One http(s):// object, every answer checked against the first one's identity (``identity``)."""
 
     def __init__(self, url: str, stall_s: float = 30.0, min_rate: float = 0.0, headers: dict | None = None):
         self.url = url
@@ -153,7 +139,7 @@ class HttpSource(Source):
 
     # -- transport ---------------------------------------------------------
     def _conn(self, parts):
-        pool = getattr(_local, "pool", None)
+        pool = _local.pool
         if pool is None or pool[0] != os.getpid():
             pool = _local.pool = (os.getpid(), {})
         key = (parts.scheme, parts.hostname, parts.port)
@@ -342,7 +328,8 @@ class HttpSource(Source):
         self.read_into(lo, hi, put, self.identity.size if self.identity else None)
         return [bytes(b) for b in bufs]
 
-    def get_small(self, max_bytes: int, known: Identity | None = None) -> tuple[Identity, bytes | None]:
+    def get_small(self, max_bytes: int, known: Identity | None = None, on_request=None
+                  ) -> tuple[Identity, bytes | None]:
         """One GET of a small object (an index, a log entry, a sidecar, a listing),
         conditional on ``known`` (If-None-Match / If-Modified-Since): (identity,
         None) when unchanged (304), else (identity, body). A body over
@@ -371,6 +358,18 @@ class HttpSource(Source):
         self._body(resp, len(buf), lambda c, at: buf.__setitem__(slice(at, at + len(c)), c))
         self._finish(resp, key, conn)
         return _identity(resp, len(buf)), bytes(buf)
+
+    def read_head(self, n: int, on_request=None) -> bytes:
+        """One bounded GET of the whole object when it is at most ``n`` bytes; a server that
+        refuses it as larger is asked for the first ``n`` (``on_request()`` told)."""
+        try:
+            return self.get_small(n)[1]
+        except HttpError as e:
+            if e.status != 413:
+                raise
+            if on_request is not None:
+                on_request()
+            return self.read_range(0, n)  # larger than guessed: the caller asks its size and reads it whole
 
     def list(self) -> list[str]:
         """URLs linked from the folder's HTML listing (at most 64 MiB of it)."""

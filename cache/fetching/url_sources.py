@@ -1,10 +1,9 @@
 """Where shard bytes come from, chosen by URL scheme.
 
-One small interface (`Source`: ``size()``, ``read_range(start, end)``,
-``read_ranges(spans)``, ``ignores_range()``, ``list()``) with three backends: plain paths and ``file://`` read with
+One contract (`Source`, source_contract.py) with three backends: plain paths and ``file://`` read with
 pread; ``http(s)://`` by shardfeed's own checked, bounded client
 (http_source.py); ``s3://``, ``gs://`` and ``az://`` through fsspec
-(REMOTE_SCHEMES). Any other scheme (``ftp://``, ...), a scheme whose fsspec
+(url_schemes.REMOTE_SCHEMES). Any other scheme (``ftp://``, ...), a scheme whose fsspec
 driver is not installed, and shell URLs (``pipe:``) are refused with a
 ShardError naming the URL: the cache never runs a command to get bytes.
 """
@@ -12,54 +11,12 @@ ShardError naming the URL: the cache never runs a command to get bytes.
 from __future__ import annotations
 
 import os
-from urllib.parse import urlsplit
 
+from shardfeed.cache.fetching.source_contract import Identity, Source
+from shardfeed.cache.fetching.url_schemes import EXTRAS, check_url
 from shardfeed.formats import ShardError
 
-# Schemes whose driver ships outside fsspec itself, and the extra that installs it.
-_EXTRAS = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs"}
-# The remote schemes read here: others fsspec knows (ftp, sftp, hdfs, ...) are refused up
-# front rather than failing (or hanging) inside the node cache later.
-REMOTE_SCHEMES = ("http", "https", *_EXTRAS)
-SUPPORTED = "a local path or a file://, http(s)://, s3://, gs:// or az:// URL"
-_REFUSED = ("pipe", "shell", "cmd")
 _filesystems: dict = {}  # (pid, scheme, options) -> this process's fsspec filesystem
-
-
-def scheme_of(url: str) -> str:
-    """'' for a plain path, else the lower-case URL scheme ('s3', 'https', 'file')."""
-    if "://" not in url:
-        if url.split(":", 1)[0].lower() in _REFUSED:
-            return url.split(":", 1)[0].lower()  # "pipe:cmd" has no "//" but is still a shell URL
-        return ""
-    return urlsplit(url).scheme.lower()
-
-
-class Source:
-    """Read access to one object. ``read_range`` returns exactly ``end - start``
-    bytes or raises; errors it raises are classified by fetch.is_retryable."""
-
-    url: str
-
-    def size(self) -> int:
-        raise NotImplementedError
-
-    def read_range(self, start: int, end: int) -> bytes:
-        raise NotImplementedError
-
-    def read_ranges(self, spans) -> list[bytes]:
-        """The bytes of each ``[start, end)`` of ``spans``: one read each here; a source whose
-        server ignores Range serves them all from one read of the whole object."""
-        return [self.read_range(a, b) for a, b in spans]
-
-    def ignores_range(self) -> bool:
-        """Whether the server is known to answer a request for part of an object with all of it
-        (then ``read_ranges`` of every range at once costs one whole object, not one per range)."""
-        return False
-
-    def list(self) -> list[str]:
-        """URLs of the objects directly under this URL taken as a folder."""
-        raise NotImplementedError
 
 
 class LocalSource(Source):
@@ -76,6 +33,14 @@ class LocalSource(Source):
         if len(data) != end - start:
             raise EOFError(f"read {len(data)} of {end - start} bytes at {start} (file shrank?)")
         return data
+
+    def stat(self) -> Identity:
+        st = os.stat(self.path)
+        return Identity(st.st_size, None, str(st.st_mtime_ns))
+
+    def read_head(self, n: int, on_request=None) -> bytes:
+        with open(self.path, "rb") as f:
+            return f.read(n)
 
     def list(self) -> list[str]:
         base = self.url.rstrip("/")
@@ -109,8 +74,6 @@ class FsspecSource(Source):
 
     def stat(self):
         """The object's Identity (size, ETag, Last-Modified), asked afresh."""
-        from shardfeed.cache.fetching.http_source import Identity
-
         self.fs.invalidate_cache(self.path)
         info = self.fs.info(self.path)
         etag = info.get("ETag") or info.get("etag")
@@ -132,6 +95,9 @@ class FsspecSource(Source):
             else:
                 raise EOFError(f"short read: {len(data)} of {want} bytes at offset {start}")
         return bytes(data)
+
+    def read_head(self, n: int, on_request=None) -> bytes:
+        return bytes(self.fs.cat_file(self.path, start=0, end=n))
 
     def _s3_range(self, start: int, end: int) -> bytes:
         """Bytes [start, end) of the S3 object; every range after the first asks for the
@@ -199,18 +165,6 @@ def _merge(defaults: dict, given: dict) -> dict:
     return out
 
 
-def check_url(url: str) -> str:
-    """``url``'s scheme ('' for a path); ShardError naming the URL and the supported
-    schemes for a shell URL or a scheme shardfeed has no reader for."""
-    scheme = scheme_of(str(url))
-    if scheme in _REFUSED:
-        raise ShardError(url, f"{scheme}: URLs run shell commands and are refused; give {SUPPORTED}")
-    if scheme not in ("", "file", *REMOTE_SCHEMES):
-        raise ShardError(url, f"unknown URL scheme {scheme!r}: shardfeed has no reader for it; give "
-                              f"{SUPPORTED}")
-    return scheme
-
-
 def open_source(url: str, storage_options: dict | None = None, stall_s: float = 30.0,
                 min_rate: float = 0.0) -> Source:
     """The Source for ``url``; ``storage_options`` go to the fsspec filesystem
@@ -244,6 +198,6 @@ def open_source(url: str, storage_options: dict | None = None, stall_s: float = 
         fs, path = fsspec.core.url_to_fs(url, skip_instance_cache=True, **opts)
         _filesystems[key] = fs
     except ImportError as e:
-        pkg = _EXTRAS.get(scheme, "the fsspec driver")
+        pkg = EXTRAS.get(scheme, "the fsspec driver")
         raise ShardError(url, f"reading {scheme}:// needs {pkg} (pip install 'shardfeed[remote]'): {e}") from e
     return FsspecSource(url, fs, path)

@@ -26,7 +26,6 @@ plan that will thrash.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -238,6 +237,13 @@ def simulate(sizes, accesses, limit_bytes: int, policy="belady") -> np.ndarray:
     return np.array([int(fetched[a:b].sum()) for a, b in zip(accesses.bounds[:-1], accesses.bounds[1:])], np.int64)
 
 
+def _is_sequence(seq) -> bool:
+    """Whether ``seq`` is shards in read order (an Accesses, an array or a list of ids), not plans."""
+    if isinstance(seq, (Accesses, np.ndarray)):
+        return True
+    return isinstance(seq, (list, tuple)) and all(isinstance(x, (int, np.integer)) for x in seq)
+
+
 def expected_fetch(counts, sizes, plan_or_sequence, limit_bytes: int, policy="belady") -> int:
     """Bytes a whole-shard cache of ``limit_bytes`` fetches, starting empty.
 
@@ -247,9 +253,8 @@ def expected_fetch(counts, sizes, plan_or_sequence, limit_bytes: int, policy="be
     ids in read order. ``counts`` (samples per shard) must match the plans'.
     """
     seq = plan_or_sequence
-    if hasattr(seq, "positions"):
-        seq = [seq]
-    if isinstance(seq, (list, tuple)) and seq and hasattr(seq[0], "positions"):
+    if not _is_sequence(seq):  # plans: one rank's, or a node's ranks'
+        seq = list(seq) if isinstance(seq, (list, tuple)) else [seq]
         counts = np.asarray(counts, np.int64)
         for p in seq:
             if p.counts.shape != counts.shape or not np.array_equal(p.counts, counts):
@@ -349,39 +354,8 @@ def simulate_ranged(sizes, counts, accesses, limit_bytes: int, reserve_bytes: in
 def belady_bytes(reads, sizes, limit_bytes: int) -> int:
     """Bytes fetched by a cold cache of ``limit_bytes`` serving ``reads`` (shard
     numbers in order; a shard read by one step appears once per step) when
-    shard ``s`` weighs ``sizes[s]`` bytes. A shard larger than the limit is
-    fetched at each read."""
+    shard ``s`` weighs ``sizes[s]`` bytes, evicting by Belady's rule (``simulate``).
+    A shard larger than the limit is fetched at each read."""
     reads = np.asarray(reads, np.int64)
-    sizes = np.asarray(sizes, np.int64)
-    n = len(reads)
-    if n == 0:
-        return 0
-    never = n + 1
-    nxt = np.full(n, never, np.int64)  # index of the next read of the same shard
-    last: dict[int, int] = {}
-    for i in range(n - 1, -1, -1):
-        s = int(reads[i])
-        nxt[i] = last.get(s, never)
-        last[s] = i
-    held: dict[int, int] = {}  # shard -> its next read
-    heap: list[tuple[int, int]] = []  # (-next read, shard); stale entries skipped
-    used = fetched = 0
-    for i in range(n):
-        s, size, after = int(reads[i]), int(sizes[reads[i]]), int(nxt[i])
-        if s in held:
-            held[s] = after
-            heapq.heappush(heap, (-after, s))
-            continue
-        fetched += size
-        if size > limit_bytes:
-            continue
-        while used + size > limit_bytes and heap:
-            neg, v = heapq.heappop(heap)
-            if held.get(v) != -neg:
-                continue
-            del held[v]
-            used -= int(sizes[v])
-        held[s] = after
-        used += size
-        heapq.heappush(heap, (-after, s))
-    return fetched
+    each = Accesses(reads, np.ones(reads.shape[0], np.int64), np.array([0, reads.shape[0]], np.int64))
+    return int(simulate(sizes, each, int(limit_bytes), Policy.BELADY).sum())  # each read its own run

@@ -42,6 +42,7 @@ from shardfeed.cache.sample_ranges import cost_model as cm
 from shardfeed.cache.sample_ranges.cost_model import RANGE_MIN_SAMPLE_BYTES, CostModel, range_reserve, range_working
 from shardfeed.cache.sample_ranges.late_ranges import ensure_all
 from shardfeed.cache.sample_ranges.ranges import RangeFetcher, coalesce, spans
+from shardfeed.cache.storage.eviction import plan_bytes
 from shardfeed.cache.storage.store import ShardRef
 
 WHOLE, RANGES = "whole", "ranges"
@@ -54,13 +55,6 @@ NEAR_STEPS = 2  # steps (the current one first) a rank's prefetcher brings ahead
 # a request took the round trips' sum (bench remote: 98.7% of it waiting)
 RANGE_THREADS = 32
 RANGED_MAX_OPEN = 64  # whole shards a ranged reader keeps open between reads (its partial copies: none, see finish)
-PLAN_ENTRY_BYTES = 96  # one key's entry in a published lookahead plan (JSON key and step), rounded up
-# a rank's plan file in the budget: its keys (a shard's, and its partial copy's with ranges), twice (the
-# new file is written beside the old one); SharedLookahead.max_bytes keeps it within this
-
-
-def plan_bytes(shards: int, ranged: bool) -> int:  # each file in whole disk blocks, as the budget charges it
-    return 2 * cm.rounded_blocks((2 if ranged else 1) * PLAN_ENTRY_BYTES * min(int(shards), 4096))
 # a budget scan lists the cache folder (about 1 ms at 1,500 entries): its answer is reused this long; at 20 ms,
 # 3,700 scans a warm epoch were most of the CPU of bench remote's 4,300 range requests
 _USED_TTL_S = 0.1

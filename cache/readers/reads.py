@@ -93,7 +93,7 @@ def entry_bytes(index):
 def index_version(index) -> str:
     """What names this version of a dataset: its index's digest (with its size
     and row count), so a shard the index has no hash for is keyed by it."""
-    meta = getattr(index, "meta", None) or {}
+    meta = index.meta
     return f"{meta.get('digest', '')}|{len(index)}|{int(index.num_bytes)}"
 
 

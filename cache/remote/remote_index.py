@@ -35,7 +35,8 @@ from concurrent.futures import ThreadPoolExecutor
 import xxhash
 
 from shardfeed.cache.fetching.fetch import with_retries
-from shardfeed.cache.fetching.url_sources import open_source, scheme_of
+from shardfeed.cache.fetching.url_schemes import is_remote
+from shardfeed.cache.fetching.url_sources import open_source
 from shardfeed.cache.storage.budget import unlink_quiet
 from shardfeed.cache.storage.store import ShardCache, ShardRef
 from shardfeed.formats import ShardError, open_index
@@ -91,20 +92,10 @@ def _copy(url: str, dest: str, cache: ShardCache, max_bytes: int = _MAX_META_BYT
     src = open_source(url, cache.storage_options, opts.stall_s, opts.min_rate)
     known = _known(dest) if versioned else None
     cache._add(requests=1)
-    if hasattr(src, "get_small"):
-        ident, data = with_retries(url, "reading it", lambda: src.get_small(max_bytes, known), opts)
-        if data is None:
-            return False  # 304: unchanged
-    else:
-        ident = with_retries(url, "asking its version", src.stat, opts)
-        if known is not None and ident.etag and known.etag and ident.same(known):
-            return False
-        size = int(ident.size or 0)
-        if size > max_bytes:
-            raise ShardError(url, f"claims {size:,} bytes, more than the {max_bytes:,} allowed for dataset metadata; "
-                                  "refused unread")
-        cache._add(requests=1)
-        data = with_retries(url, "reading it", lambda: src.read_range(0, size), opts) if size else b""
+    ident, data = with_retries(url, "reading it", lambda: src.get_small(max_bytes, known,
+                                                                        lambda: cache._add(requests=1)), opts)
+    if data is None:
+        return False  # unchanged (304, or the same ETag)
     # inside the cache's budget like a shard: room made first, renamed under the node lock
     tmp = cache.budget.make_room_and_create(os.path.basename(dest), "", len(data), url, os.path.dirname(dest),
                                             xattr=_VERSION_XATTR if versioned else None)
@@ -134,7 +125,7 @@ def _disk_error(url: str, path: str, e: OSError) -> ShardError:
 
 
 def _known(dest: str):
-    from shardfeed.cache.fetching.http_source import Identity
+    from shardfeed.cache.fetching.source_contract import Identity
 
     try:
         size, etag, modified = json.loads(os.getxattr(dest, _VERSION_XATTR))
@@ -168,7 +159,7 @@ def mirror_index(url: str, cache: ShardCache) -> str:
     file the source no longer has is dropped, so a dataset rewritten at the
     same URL is never read stale."""
     url = str(url).rstrip("/")
-    if scheme_of(url) in ("", "file"):
+    if not is_remote(url):
         return url[len("file://"):] if url.startswith("file://") else url  # already local: nothing to copy
     folder = mirror_folder(url, cache)
     note = os.path.join(folder, "source.txt")
@@ -304,7 +295,7 @@ def open_remote_index(url: str, cache_dir: str | None = None, limit_bytes: int |
     from shardfeed.cache.readers.reads import default_cache_dir, default_limit
 
     url = str(url).rstrip("/")
-    if scheme_of(url) in ("", "file"):
+    if not is_remote(url):
         raise ValueError(f"{url} is local: open it with shardfeed.formats.open_index")
     cache_dir = os.path.abspath(os.fspath(cache_dir)) if cache_dir is not None else default_cache_dir()
     if limit_bytes is None:

@@ -208,7 +208,7 @@ class RangeFetcher:
         try:
             t0 = time.monotonic()
             data = with_retries(src.url, "reading it",
-                                self._asked(lambda: _read_upto(src, want, lambda: self.cache._add(requests=1))), opts)
+                                self._asked(lambda: src.read_head(want, lambda: self.cache._add(requests=1))), opts)
             self.cost.observe(len(data), time.monotonic() - t0)
             self._count(sidecar_requests=1)
             self.cache._add(bytes_fetched=len(data))
@@ -409,22 +409,3 @@ class RangeFetcher:
                     gone[j] = True  # absent: its bytes there are not data
             if b > a:
                 punch(fd, a, b)
-
-def _read_upto(src, n: int, on_request=None) -> bytes:
-    """Up to ``n`` bytes from the start of ``src`` in one request (a sidecar's size is not in the index);
-    ``on_request()`` is told of a second one (a server that refuses a bounded GET of a larger object)."""
-    if hasattr(src, "get_small"):  # http(s): one bounded GET of the whole object when it is at most n bytes
-        from shardfeed.cache.fetching.http_source import HttpError
-
-        try:
-            return src.get_small(n)[1]
-        except HttpError as e:
-            if e.status != 413:
-                raise
-            if on_request is not None:
-                on_request()
-            return src.read_range(0, n)  # larger than guessed: the caller asks its size and reads it whole
-    if hasattr(src, "fs"):
-        return bytes(src.fs.cat_file(src.path, start=0, end=n))
-    with open(src.path, "rb") as f:
-        return f.read(n)

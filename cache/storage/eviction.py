@@ -21,7 +21,17 @@ import json
 import os
 import uuid
 
+from shardfeed.cache.storage.disk_blocks import rounded
 from shardfeed.cache.storage.locks import FileLock
+
+PLAN_ENTRY_BYTES = 96  # one key's entry in a published lookahead plan (JSON key and step), rounded up
+PLAN_BLOCK = 4096  # the block the budget's sizing rounds a plan file to (cost_model.BLOCK)
+
+
+def plan_bytes(shards: int, ranged: bool) -> int:
+    """A rank's plan file in the budget: its keys (a shard's, and its partial copy's with ranges), twice
+    (the new file is written beside the old one), in whole disk blocks; ``max_bytes`` keeps it within this."""
+    return 2 * rounded((2 if ranged else 1) * PLAN_ENTRY_BYTES * min(int(shards), 4096), PLAN_BLOCK)
 
 
 class SharedLookahead:

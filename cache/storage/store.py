@@ -238,8 +238,6 @@ class ShardCache:
         except OSError:
             return False  # no record (a filesystem without user xattrs): fetch again, never serve stale
         src = self._source(url)
-        if not hasattr(src, "stat"):
-            return was == f"{os.path.getsize(path)}|{_mtime_of(url)}"
         self._add(requests=1)
         return with_retries(url, "revalidating its cached copy", src.stat, self.fetch_options).token() == was
 
@@ -270,8 +268,11 @@ class ShardCache:
                     raise ShardError(url, f"content hash {actual} does not match the expected {expected_hash} "
                                           "(changed or damaged at the source); nothing was cached")
             if record_identity:
-                ident = getattr(src, "identity", None)
-                token = ident.token() if ident is not None else f"{size}|{_mtime_of(url)}"
+                ident = src.identity
+                if ident is None:  # its reads check no version: ask for it, as a later revalidation will
+                    self._add(requests=1)
+                    ident = with_retries(url, "asking its version", src.stat, opts)
+                token = ident.token()
                 try:  # an attribute, not a file: no bytes beside the entry for the budget to miss
                     os.setxattr(tmp, IDENTITY_XATTR, token.encode())
                 except OSError:
@@ -307,43 +308,24 @@ class ShardCache:
 
         opts = self.fetch_options
         src = self._source(url + SIDECAR)
-        if hasattr(src, "get_small"):  # one GET, no HEAD first: a 404 says there is none
-            self._add(requests=1)
-            try:
-                _, data = with_retries(src.url, "reading it", lambda: src.get_small(MAX_SIDECAR_BYTES), opts)
-            except ShardError as e:
-                if isinstance(e.__cause__, FileNotFoundError):
-                    self._write_small(key, NO_SIDECAR, path, b"", url, waits)  # a foreign tar: the reader scans it
-                    return
-                raise
-            size = len(data)
-        else:
-            data = None
-            try:
-                self._add(requests=1)
-                size = with_retries(src.url, "asking its size", src.size, opts)
-            except ShardError as e:
-                if isinstance(e.__cause__, FileNotFoundError) or "not found" in e.reason:
-                    self._write_small(key, NO_SIDECAR, path, b"", url, waits)
-                    return
-                raise
-            if size > MAX_SIDECAR_BYTES:
-                raise ShardError(src.url, f"sidecar claims {size:,} bytes, more than {MAX_SIDECAR_BYTES:,}")
+        self._add(requests=1)  # http: one GET, no HEAD first (a 404 says there is none); else its size, then it
+        try:
+            _, data = with_retries(src.url, "reading it", lambda: src.get_small(
+                MAX_SIDECAR_BYTES, on_request=lambda: self._add(requests=1)), opts)
+        except ShardError as e:
+            if isinstance(e.__cause__, FileNotFoundError) or "not found" in e.reason:
+                self._write_small(key, NO_SIDECAR, path, b"", url, waits)  # a foreign tar: the reader scans it
+                return
+            raise
+        size = len(data)
+        self._add(bytes_fetched=size)
         tmp = self.budget.make_room_and_create(key, SIDECAR, size, src.url, held=waits[0], on_wait=waits[1],
                                                done=lambda: self._has_sidecar_answer(path))
         if tmp is None:
             return  # brought by another process while this one waited for room
         try:
-            if data is not None:
-                with open(tmp, "r+b") as f:
-                    f.write(data)
-            else:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CLOEXEC)
-                try:
-                    fetch_to_fd(src, fd, size, opts, cancel, on_bytes=lambda n: self._add(bytes_fetched=n),
-                                on_request=lambda: self._add(requests=1))
-                finally:
-                    os.close(fd)
+            with open(tmp, "r+b") as f:
+                f.write(data)
             _, meta = read_sidecar(tmp, url)  # checks the sidecar's own digest
             if meta["shard_bytes"] != os.path.getsize(path):
                 raise ShardError(url, f"sidecar {src.url} describes {meta['shard_bytes']} bytes but the shard "
@@ -366,13 +348,6 @@ def _key_for(url: str, expected_hash: str | None, version: str | None) -> str:
         return "h-" + "".join(c for c in expected_hash.lower() if c in "0123456789abcdef")[:64]
     return "u-" + xxhash.xxh3_128_hexdigest(f"{url}\0{version or ''}".encode())
 
-
-def _mtime_of(url: str) -> str:
-    path = url[len("file://"):] if url.startswith("file://") else url
-    try:
-        return str(os.stat(path).st_mtime_ns)
-    except OSError:
-        return ""
 
 def _touch(path: str) -> None:
     try:

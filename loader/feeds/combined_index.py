@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 
+from shardfeed.cache.fetching.url_schemes import is_remote
 from shardfeed.formats.index import DatasetIndex
 
 
@@ -20,7 +21,7 @@ def combined_index(sources, layout, grown: dict | None = None) -> DatasetIndex:
     for i in layout:
         s, r = sources[i], roots[i]
         index = (grown or {}).get(i, s.index)
-        if "://" in s.index.root and not s.index.root.startswith("file://"):
+        if is_remote(s.index.root):
             raise NotImplementedError(f"{s.index.root}: remote sources are not mixed yet")
         rel = os.path.relpath(r, root)
         prefix = "" if rel in ("", ".") else rel.replace(os.sep, "/") + "/"

@@ -119,3 +119,20 @@ def test_block_window_fits_the_budget():
     assert block_window(sizes, 1000, ranks_per_node=2, margin_bytes=0) == 3  # 2 x (300+100+100)
     with pytest.raises(ValueError, match="raise the limit"):
         block_window(sizes, 500)
+
+
+def test_warm_epoch_counts_only_what_the_warm_cache_lacks():
+    """The thrash estimate (cache/planning/thrash.py): an epoch replayed behind the one before it
+    fetches nothing when the room holds every shard, everything when it holds none, and a share
+    simulated is scaled up to the epoch."""
+    from shardfeed.cache.planning.thrash import warm_epoch
+
+    sizes = np.full(8, 100, np.int64)
+    reads = after = np.arange(8, dtype=np.int64)
+    assert warm_epoch(reads, after, 1.0, sizes, sizes, 800) == {"node_bytes": 800, "fetched_bytes": 0,
+                                                                 "fraction_simulated": 1.0}
+    assert warm_epoch(reads, after, 1.0, sizes, sizes, 99)["fetched_bytes"] == 800
+    half = warm_epoch(reads, after, 1.0, sizes, sizes, 400)["fetched_bytes"]
+    assert 0 < half < 800
+    scaled = warm_epoch(reads, after, 0.5, sizes, sizes, 400)
+    assert scaled["fetched_bytes"] == 2 * half and scaled["node_bytes"] == 800  # never past the dataset

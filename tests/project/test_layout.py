@@ -197,6 +197,8 @@ def cycles_on_page(text: str) -> set[tuple[str, tuple[str, ...]]]:
     block = _block_after(text, "Cycles inside packages")
     out = set()
     for line in block.strip().splitlines():
+        if line.strip() == "(none)":
+            continue
         pkg, _, members = line.partition(":")
         out.add((pkg.strip(), tuple(sorted(m.strip() for m in members.split("<->")))))
     return out
@@ -252,9 +254,53 @@ def test_the_page_checks_see_a_wrong_page():
     assert edges[("loader", "formats")] == len(layout.package_graph()[("loader", "formats")])
     wrong = re.sub(r"(loader -> formats\s+)(\d+)", lambda m: m.group(1) + str(int(m.group(2)) + 1), text, count=1)
     assert package_edges_on_page(wrong)[("loader", "formats")] == edges[("loader", "formats")] + 1
-    assert len(cycles_on_page(text)) >= 1
-    first = next(iter(sorted(cycles_on_page(text))))
-    line = f"{first[0]}: " + " <-> ".join(first[1])
-    assert cycles_on_page(text.replace(line + "\n", "")) != cycles_on_page(text)
+    block = "Cycles inside packages (`python tests/layout.py --inside PACKAGE`):\n\n```text\n{}\n```\n"
+    assert cycles_on_page(block.format("(none)")) == set()
+    assert cycles_on_page(block.format("cache: a <-> b")) == {("cache", ("a", "b"))}  # a cycle drawn is read
     assert over_warn_on_page("Modules over 400 lines: `a/b.py` 401, `c/d.py` 450. The") == {"a/b.py", "c/d.py"}
     assert over_warn_on_page("Modules over 400 lines: none. The") == set()
+
+
+# --- the cache's rooms and its probes (docs/architecture.md, "The cache's rooms")
+
+# hasattr/getattr on objects that are no seam of the project: the status of a third-party client's error
+NOT_A_SEAM = {"cache.fetching.fetch err.code", "cache.fetching.fetch err.status"}
+
+
+def rooms_on_page(text: str) -> dict[str, set[str]]:
+    block = _block_after(text, "The cache's rooms (`python tests/layout.py --rooms cache`)")
+    out = {}
+    for line in block.strip().splitlines():
+        name, _, targets = (x.strip() for x in line.partition("->"))
+        out[name] = set() if targets == "(none)" else {t.strip() for t in targets.split(",")}
+    return out
+
+
+def test_the_architecture_page_states_the_cache_rooms():
+    assert rooms_on_page(_page()) == layout.rooms("cache")
+
+
+def test_no_probe_of_a_seam_is_left_in_the_cache():
+    """Every member a caller of the cache uses is declared (a contract with defaults), never asked
+    about with hasattr/getattr; the page says how many are left."""
+    left = [p for p in layout.probes("cache") if re.sub(r":\d+ ", " ", p) not in NOT_A_SEAM]
+    assert left == [], f"probes of a seam in cache/ (declare the member instead): {left}"
+    m = re.search(r"Probes of a seam left in cache/: (\d+)", _page())
+    assert m and int(m.group(1)) == len(left)
+
+
+def test_the_rooms_and_probes_are_measured(tmp_path):
+    """A planted room edge and a planted probe are seen."""
+    for pkg in layout.PACKAGES:
+        (tmp_path / pkg).mkdir()
+        (tmp_path / pkg / "__init__.py").write_text("")
+    for room in ("a", "b"):
+        (tmp_path / "cache" / room).mkdir()
+        (tmp_path / "cache" / room / "__init__.py").write_text("")
+    (tmp_path / "cache" / "a" / "x.py").write_text("from shardfeed.cache.b import y\n")
+    (tmp_path / "cache" / "b" / "y.py").write_text("import os\n\ndef f(s):\n    return hasattr(s, 'get_small') "
+                                                   "or hasattr(os, 'posix_fallocate')\n")
+    assert layout.rooms("cache", str(tmp_path)) == {"a": {"b"}, "b": set()}
+    assert layout.probes("cache", str(tmp_path)) == ["cache.b.y:4 s.get_small"]
+    assert rooms_on_page("The cache's rooms (`python tests/layout.py --rooms cache`):\n\n```text\n"
+                         "a -> (none)\nb -> a, c\n```\n") == {"a": set(), "b": {"a", "c"}}

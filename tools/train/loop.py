@@ -16,12 +16,13 @@ import time
 import torch
 import torch.distributed as dist
 
+from shardfeed.cache.fetching.url_schemes import is_remote
 from shardfeed.tools.train import checkpoint
 from shardfeed.tools.train.addons import ReferenceHooks
 from shardfeed.tools.train.balancing import wrap
 from shardfeed.tools.train.core import train
 from shardfeed.tools.train.model import SmallCNN, to_inputs
-from shardfeed.tools.train.options import image_field, is_url, schedule_of
+from shardfeed.tools.train.options import image_field, schedule_of
 
 
 def pick_device(args) -> torch.device:
@@ -37,7 +38,7 @@ def make_dataset(args, source: str, *, train: bool):
     from shardfeed.tools.size_options import parse_size
 
     cache = {}
-    if args.cache_dir is not None and is_url(source):
+    if args.cache_dir is not None and is_remote(source):
         cache = {"cache_dir": args.cache_dir,
                  "cache_limit_bytes": parse_size(args.cache_limit) if args.cache_limit else None}
     if not train:
@@ -105,7 +106,7 @@ def _plot_path(args) -> str | None:
 def _max_label(index) -> int:
     from shardfeed.formats import open_shard
 
-    if index.num_samples == 0 or is_url(str(index.root)):
+    if index.num_samples == 0 or is_remote(index.root):
         raise ValueError(f"{index.root}: the number of classes cannot be read from this data yet; pass --classes")
     best = 0
     for i in range(len(index)):

@@ -163,12 +163,6 @@ def check_options(args) -> None:
             raise ValueError("--device cuda but torch sees no CUDA device; use --device cpu (or auto)")
 
 
-def is_url(source: str) -> bool:
-    from shardfeed.cache.fetching.url_sources import scheme_of
-
-    return scheme_of(source) not in ("", "file")  # "pipe:cmd" too: refused by check_url
-
-
 def check_data(path: str, follow: bool = False, field: str | None = None) -> str | None:
     """The dataset's image field; raises ShardError naming what the trainer cannot use.
 

@@ -23,10 +23,11 @@ import socket
 import sys
 import time
 
+from shardfeed.cache.fetching.url_schemes import is_remote
 from shardfeed.tools.text import plural
 from shardfeed.tools.train.launch import die_with_parent, run_ranks
 from shardfeed.tools.train.options import add_arguments as _add
-from shardfeed.tools.train.options import check_data, check_options, is_url
+from shardfeed.tools.train.options import check_data, check_options
 
 
 def add_arguments(p) -> None:
@@ -93,8 +94,8 @@ def _check(args) -> str | None:
     try:
         check_options(args)
         for source, follow in ((args.data, args.follow), (args.eval_data, False)):
-            if source and is_url(source):  # a URL's index comes through the cache, inside the ranks
-                from shardfeed.cache.fetching.url_sources import check_url
+            if source and is_remote(source):  # a URL's index comes through the cache, inside the ranks
+                from shardfeed.cache.fetching.url_schemes import check_url
 
                 check_url(source)
             elif source:
