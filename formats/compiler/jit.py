@@ -45,7 +45,7 @@ import threading
 
 log = logging.getLogger("shardfeed")
 
-_KERNEL_PACKAGES = ("shardfeed.formats", "shardfeed.shuffling")
+_KERNEL_PACKAGES = ("shardfeed.formats", "shardfeed.shuffling", "shardfeed.cache")
 AOT_ENV = "SHARDFEED_AOT"  # "0": never load the compiled module (tests, debugging)
 
 

@@ -30,6 +30,21 @@ def test_key_changes_when_any_kernel_module_changes(tmp_path):
     assert jit.source_key(dirs) != before
 
 
+def test_every_package_with_a_kernel_is_in_the_key():
+    """A package whose modules jit a kernel (import the compile layer's njit) is hashed into the key:
+    left out, an edit or a move of its kernels met an old compiled module (cache/planning/simulate.py
+    after the cache moved into rooms: the old paths sent the whole process to numba's JIT)."""
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    with_kernels = {f"shardfeed.{path.relative_to(root).parts[0]}"
+                    for pkg in ("formats", "shuffling", "cache", "loader", "tools")
+                    for path in (root / pkg).rglob("*.py")
+                    if "from shardfeed.formats.compiler.jit import njit" in path.read_text()}
+    assert with_kernels >= {"shardfeed.formats", "shardfeed.shuffling", "shardfeed.cache"}
+    assert with_kernels <= set(jit._KERNEL_PACKAGES), sorted(with_kernels - set(jit._KERNEL_PACKAGES))
+
+
 def test_the_cache_folder_is_the_keyed_one():
     # in a process on numba's JIT: with the compiled kernel module, this one may never configure numba
     code = ("import shardfeed.shuffling, numba; from shardfeed.formats.compiler import jit; "
