@@ -15,7 +15,7 @@ epoch, step, rank): the same crops for any ``num_workers`` and after a resume.
 output, needs no more pixels than that (pillow's ``Image.draft``): a 500x375 photo cropped to 128 is
 decoded at a fraction of the cost. The crop box is then mapped onto the reduced image, so the output
 differs from the full decode by the resampling only (measured on real photographs: mean absolute
-difference of a few levels of 255; tests/loader/test_images.py holds the bound).
+difference of a few levels of 255; tests/loader/test_image_crops.py holds the bound).
 
 ``resize="torch"`` (the default) resizes a crop decoded at full size with torch's antialiased bilinear
 ``interpolate`` on uint8 (what torchvision's tensor transforms run), not pillow's: the same filter, within

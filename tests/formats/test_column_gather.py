@@ -111,7 +111,7 @@ def test_columns_it_cannot_take_keep_the_group_by_group_path(tmp_path, monkeypat
     assert batch.fields["cls"][1].tolist() == [cls[i] for i in ids]
 
 
-def test_decoded_groups_stay_within_the_budget(tmp_path, monkeypatch):
+def test_decoded_row_groups_stay_within_the_budget(tmp_path, monkeypatch):
     """A global pass with a budget of a few groups: held decoded bytes never exceed it, batches still right."""
     root = _write(str(tmp_path / "pq"), "parquet", n=400, per_shard=400, rows_per_group=20)
     reader = BatchReader(open_index(root))
