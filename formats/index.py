@@ -120,6 +120,10 @@ class DatasetIndex:
     def path(self, i: int) -> str:
         return join(self.root, self.names[i])
 
+    def url_of(self, i: int) -> str:
+        """Where shard ``i`` lives, as a message names it: its path here; a remote index, its URL."""
+        return self.path(i)
+
     def row_of(self, name: str) -> int | None:
         """The row of the shard called ``name`` (relative to the root), or None."""
         if self._rows is None:

@@ -69,7 +69,7 @@ def open_dataset(dst: str, args, prog: str):
 
 def shard_name(index, i: int) -> str:
     """What a message calls shard ``i``: its URL for a remote dataset, else its path."""
-    return index.url_of(i) if hasattr(index, "url_of") else index.path(i)
+    return index.url_of(i)
 
 
 def _sidecar_matches_scan(index, i: int) -> str | None:

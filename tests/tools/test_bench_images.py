@@ -7,7 +7,7 @@ import argparse
 import json
 
 from PIL import Image
-from test_images import _photo
+from test_image_crops import _photo
 
 from shardfeed.tools.bench import images as bench_images
 
