@@ -135,6 +135,16 @@ def rounded_blocks_array(nbytes):
     return -(-nbytes // BLOCK) * BLOCK
 
 
+def whole_charge(sizes, sidecar_share: float):
+    """Budget bytes each shard of ``sizes`` (an int64 array) holds once admitted whole: the shard
+    and its sidecar (``sidecar_share`` of its bytes), each in whole disk blocks. The room a whole
+    admission claims (admission.claim) and what the simulator charges it (simulate.simulate_ranged)."""
+    import numpy as np
+
+    sizes = np.asarray(sizes, np.int64)
+    return rounded_blocks_array(sizes) + rounded_blocks_array((sizes * float(sidecar_share)).astype(np.int64))
+
+
 RANGE_MIN_SAMPLE_BYTES = BLOCK  # below this a sample's range costs more disk (its blocks) than its bytes
 
 

@@ -130,11 +130,6 @@ def test_global_epochs_fetch_at_most_what_the_cache_cannot_hold(tmp_path, datase
     assert per_epoch[1] > 0.2 * data
     # `shardfeed plan URL` predicts the epochs after the first within 10%
     measured = float(np.mean(per_epoch[1:]))
-    if f == 0.75 and abs(predicted - measured) > 0.1 * measured:
-        # a known defect, open in issue 33: since the budget charges disk blocks, a quiet machine at
-        # f = 0.75 fetches 0.266-0.268 of the data per warm epoch where plan predicts 0.235 (still
-        # within the bound above); every other check of this test has held by now
-        pytest.xfail(f"plan predicts {predicted / data:.3f} of the data, measured {measured / data:.3f}")
     assert abs(predicted - measured) <= 0.1 * measured, (predicted / data, measured / data)
 
 
