@@ -96,6 +96,7 @@ class LogMirror:
         started = time.time()
         log = os.path.join(self.folder, LOG_DIR)
         os.makedirs(log, exist_ok=True)
+        self.cache.budget.recount(log)  # its entries' charge kept from now on (each entry is a block)
         index = os.path.join(self.folder, INDEX_NAME)
         have_index = self._fetch(f"{self.url}/{INDEX_NAME}", index, 1 << 30)
         if not have_index:
@@ -125,12 +126,15 @@ class LogMirror:
     def _drop_stale(self, log: str, started: float) -> None:
         """Entries the mirror holds past the source's last one: an older dataset at this URL.
         One mirrored since this sync began is another process's newer commit, kept."""
+        def recent(path: str) -> bool:
+            try:
+                return os.stat(path).st_mtime >= started - 1.0
+            except FileNotFoundError:
+                return True  # gone already
+
         for name in os.listdir(log):
             if _SEQ_RE.match(name) and int(name[:12]) > self.have:
-                path = os.path.join(log, name)
-                with contextlib.suppress(FileNotFoundError):
-                    if os.stat(path).st_mtime < started - 1.0:
-                        os.unlink(path)
+                self.cache.budget.remove(os.path.join(log, name), unless=recent)
 
     # -- entries ----------------------------------------------------------------
     def _walk(self, seq: int) -> None:

@@ -96,8 +96,10 @@ def _copy(url: str, dest: str, cache: ShardCache, max_bytes: int = _MAX_META_BYT
                                                                         lambda: cache._add(requests=1)), opts)
     if data is None:
         return False  # unchanged (304, or the same ETag)
-    # inside the cache's budget like a shard: room made first, renamed under the node lock
-    tmp = cache.budget.make_room_and_create(os.path.basename(dest), "", len(data), url, os.path.dirname(dest),
+    # inside the cache's budget like a shard: room made first, renamed under the node lock; a log
+    # entry's temporary beside the log's folder, which holds finished entries only (its ledger)
+    folder = os.path.dirname(dest) if versioned else os.path.dirname(os.path.dirname(dest))
+    tmp = cache.budget.make_room_and_create(os.path.basename(dest), "", len(data), url, folder,
                                             xattr=_VERSION_XATTR if versioned else None)
     try:
         try:
@@ -110,8 +112,7 @@ def _copy(url: str, dest: str, cache: ShardCache, max_bytes: int = _MAX_META_BYT
                 os.setxattr(tmp, _VERSION_XATTR, json.dumps([ident.size, ident.etag, ident.modified]).encode())
         except OSError:
             pass  # no xattrs here: the next mirror fetches it again (never stale)
-        with cache.budget.locked():
-            os.replace(tmp, dest)
+        cache.budget.replace(tmp, dest)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -187,10 +188,11 @@ def mirror_index(url: str, cache: ShardCache) -> str:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(folder, INDEX_NAME))  # the source dropped it: so does the mirror
     _drop_dead_temporaries(folder)
+    cache.budget.recount(os.path.join(folder, LOG_DIR))  # its entries' charge kept from now on, not listed
     log = _list_log(url, cache) or []
     for name in set(os.listdir(os.path.join(folder, LOG_DIR))) - set(log):
         if _SEQ_RE.match(name):
-            os.unlink(os.path.join(folder, LOG_DIR, name))  # gone at the source (rewritten log)
+            cache.budget.remove(os.path.join(folder, LOG_DIR, name))  # gone at the source (rewritten log)
     # index.arrow folds the log up to its log_seq (`shardfeed compact`): only the entries after it are read
     base = base_log_seq(folder) if have_index else 0
     fetch_together(lambda name: _copy(f"{url}/{LOG_DIR}/{name}", os.path.join(folder, LOG_DIR, name), cache,
