@@ -37,6 +37,7 @@ PARTIAL = "r-"  # key prefix of a partial copy (ranges.py)
 _NEVER = 1 << 62  # a step after every planned one (a prefetch with headroom evicts only what no plan reads)
 NO_SIDECAR = ".noidx"  # marker: the source has no sidecar for this shard (a foreign tar)
 LEDGER = ".charge"  # beside a metadata folder kept by a running total: the charge of its files (Budget.recount)
+LEDGERED = ("_log",)  # folders kept by a ledger once they hold a file: a mirrored commit log (formats LOG_DIR)
 
 
 class CacheLimitError(ShardError):
@@ -162,17 +163,25 @@ class Budget:
         return temp_bytes(os.path.basename(path), st.st_size, st.st_blocks, self.block)
 
     def recount(self, folder: str) -> int:
-        """Keep ``folder``'s charge in a ledger from now on, counted afresh from a listing (a mirror
-        opening: whatever changed the folder without the budget, the ledger agrees with it again);
+        """``folder``'s charge counted afresh from a listing (a mirror opening: whatever changed the
+        folder without the budget, its ledger agrees with it again), kept in a ledger from now on
+        while it holds files (an empty log, a dataset written whole, holds no ledger's block);
         returns the charge of its files."""
         os.makedirs(folder, exist_ok=True)
         with self.locked():
-            total = 0
-            with os.scandir(folder) as it:
-                for e in it:
-                    if not e.is_dir(follow_symlinks=False):
-                        total += self._file_charge(e.path)
+            return self._count_into_ledger(folder)
+
+    def _count_into_ledger(self, folder: str) -> int:
+        total, files = 0, 0
+        with os.scandir(folder) as it:
+            for e in it:
+                if not e.is_dir(follow_symlinks=False):
+                    total += self._file_charge(e.path)
+                    files += 1
+        if files:
             self._set_ledger(folder, total)
+        else:
+            unlink_quiet(folder + LEDGER)
         return total
 
     def replace(self, tmp: str, dest: str) -> None:
@@ -185,6 +194,8 @@ class Budget:
             os.replace(tmp, dest)
             if ledger is not None:
                 self._set_ledger(folder, ledger + self._file_charge(dest) - before)
+            elif os.path.basename(folder) in LEDGERED:
+                self._count_into_ledger(folder)  # its first file: counted once, kept from now on
 
     def remove(self, path: str, unless=None) -> bool:
         """Remove the metadata file ``path`` under the node lock, its folder's ledger changed with it;
