@@ -99,6 +99,7 @@ def ranged_reserve(counts, sizes, limit: int, rpn: int, batch_size: int, sidecar
     from shardfeed.cache.readers.ranged_reads import NEAR_STEPS
     from shardfeed.cache.sample_ranges.cost_model import (
         batches_held,
+        folder_growth,
         range_reserve,
         range_working,
         whole_charge,
@@ -108,7 +109,8 @@ def ranged_reserve(counts, sizes, limit: int, rpn: int, batch_size: int, sidecar
 
     total, samples = int(np.sum(sizes)), int(np.sum(counts))
     fixed = rpn * plan_bytes(len(sizes), True) + (0 if fixed_bytes is None else int(fixed_bytes))
-    if int(whole_charge(sizes, sidecar_share).sum()) + fixed <= limit:  # as RangePolicy.fits, in the disk's blocks
+    meta = (0 if fixed_bytes is None else int(fixed_bytes)) + folder_growth(len(sizes))
+    if int(whole_charge(sizes, sidecar_share).sum()) + meta <= limit:  # as RangePolicy.fits (no plan published)
         return (0, 0) if floor else 0
     readers = rpn * max(1, int(workers))  # every reader of the node pins its own batch
     side = int(sidecar_share * int(np.max(sizes))) if side_bytes is None else int(side_bytes)

@@ -272,7 +272,10 @@ class SamplePrefetcher(PlanPrefetcher):
                 for k in (key, partial_key(key)):
                     if step < plan.get(k, step + 1):
                         plan[k] = step
-            self.lookahead.publish(plan)
+            if self.policy.fits:
+                self.lookahead.withdraw()  # every shard fits: nothing is evicted, a plan would only take room
+            else:
+                self.lookahead.publish(plan)
             with self._cv:
                 for url in list(self._brought):  # steps the readers passed: read, or on their terms
                     left = {i: s for i, s in self._brought[url].items() if s >= self._step}

@@ -69,6 +69,12 @@ class SharedLookahead:
             if self.share:
                 self._write()
 
+    def withdraw(self) -> None:
+        """No plan for now: its file removed (a later publish writes one again)."""
+        with self._mu:
+            self.mine = {}
+            self._close_file()
+
     def _write(self) -> None:
         os.makedirs(self.folder, exist_ok=True)
         if self._alive is None or self._alive_pid != os.getpid():
