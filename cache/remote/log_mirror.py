@@ -47,6 +47,7 @@ from shardfeed.cache.remote.remote_index import (
     fetch_together,
     mirror_folder,
 )
+from shardfeed.cache.storage import ledger
 from shardfeed.cache.storage.store import ShardCache
 from shardfeed.formats import ShardError
 from shardfeed.formats.commit_log import END, base_log_seq, check_no_holes
@@ -96,7 +97,8 @@ class LogMirror:
         started = time.time()
         log = os.path.join(self.folder, LOG_DIR)
         os.makedirs(log, exist_ok=True)
-        self.cache.budget.recount(log)  # its entries' charge kept from now on (each entry is a block)
+        with self.cache.budget.locked():  # its entries' charge a running total from now on (each is a block)
+            ledger.count(log, self.cache.budget.block)
         index = os.path.join(self.folder, INDEX_NAME)
         have_index = self._fetch(f"{self.url}/{INDEX_NAME}", index, 1 << 30)
         if not have_index:
@@ -126,15 +128,12 @@ class LogMirror:
     def _drop_stale(self, log: str, started: float) -> None:
         """Entries the mirror holds past the source's last one: an older dataset at this URL.
         One mirrored since this sync began is another process's newer commit, kept."""
-        def recent(path: str) -> bool:
-            try:
-                return os.stat(path).st_mtime >= started - 1.0
-            except FileNotFoundError:
-                return True  # gone already
-
         for name in os.listdir(log):
             if _SEQ_RE.match(name) and int(name[:12]) > self.have:
-                self.cache.budget.remove(os.path.join(log, name), unless=recent)
+                path = os.path.join(log, name)
+                with self.cache.budget.locked(), contextlib.suppress(FileNotFoundError):
+                    if os.stat(path).st_mtime < started - 1.0:
+                        ledger.remove(path, self.cache.budget.block)
 
     # -- entries ----------------------------------------------------------------
     def _walk(self, seq: int) -> None:

@@ -26,6 +26,7 @@ import os
 import time
 import uuid
 
+from shardfeed.cache.storage import ledger
 from shardfeed.cache.storage.admission import ADMIT, admission_held
 from shardfeed.cache.storage.disk_blocks import ATTR_MARK, block_size, on_disk, rounded, temp_bytes
 from shardfeed.cache.storage.eviction import victim_order
@@ -36,8 +37,6 @@ SIDECAR = ".idx"
 PARTIAL = "r-"  # key prefix of a partial copy (ranges.py)
 _NEVER = 1 << 62  # a step after every planned one (a prefetch with headroom evicts only what no plan reads)
 NO_SIDECAR = ".noidx"  # marker: the source has no sidecar for this shard (a foreign tar)
-LEDGER = ".charge"  # beside a metadata folder kept by a running total: the charge of its files (Budget.recount)
-LEDGERED = ("_log",)  # folders kept by a ledger once they hold a file: a mirrored commit log (formats LOG_DIR)
 
 
 class CacheLimitError(ShardError):
@@ -113,106 +112,10 @@ class Budget:
             except FileNotFoundError:
                 pass
         for top in tops:
-            total += self._tree_bytes(os.path.join(self.cache_dir, top), settled)
+            # a folder kept by a running total (a mirrored log) is not listed: ledger.py
+            total += ledger.tree_bytes(os.path.join(self.cache_dir, top), lambda d: self._folder_bytes(d, settled))
         return total
 
-    def _tree_bytes(self, folder: str, settled: bool) -> int:
-        """A metadata folder and every folder below it; a folder with a ledger (a mirrored log)
-        is charged its own blocks and its ledger's total, not listed."""
-        if os.path.exists(folder + LEDGER):
-            ledger = self._ledger(folder)
-            if ledger is not None:
-                try:
-                    return os.lstat(folder).st_blocks * 512 + ledger
-                except FileNotFoundError:
-                    return 0
-        total = self._folder_bytes(folder, settled)
-        try:
-            with os.scandir(folder) as it:
-                subs = [e.path for e in it if e.is_dir(follow_symlinks=False)]
-        except (FileNotFoundError, NotADirectoryError):
-            return total
-        return total + sum(self._tree_bytes(d, settled) for d in subs)
-
-    # -- ledgers: a mirrored log's running total ----------------------------------
-    # A mirrored commit log gains an entry (a block) per commit and keeps them all: listing it at
-    # every scan made each entry mirrored cost O(entries) under the node lock (a 10,000-commit log
-    # took minutes to open). Its finished files' charge is kept in ``<folder>.charge`` instead,
-    # changed under the node lock by every rename into the folder and every removal from it
-    # (replace, remove) and recounted from a listing when a mirror opens (recount). Temporaries
-    # are made in the folder above it (listed as usual), so the folder holds finished files only.
-
-    def _ledger(self, folder: str) -> int | None:
-        try:
-            with open(folder + LEDGER, "rb") as f:
-                return int(f.read(64).split()[0])
-        except (FileNotFoundError, ValueError, IndexError):
-            return None
-
-    def _set_ledger(self, folder: str, total: int) -> None:
-        tmp = folder + LEDGER + ".new"
-        with open(tmp, "w") as f:
-            f.write(f"{int(total)}\n")
-        os.replace(tmp, folder + LEDGER)  # whole: a scan outside the lock reads the old total or the new
-
-    def _file_charge(self, path: str) -> int:
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            return 0
-        return temp_bytes(os.path.basename(path), st.st_size, st.st_blocks, self.block)
-
-    def recount(self, folder: str) -> int:
-        """``folder``'s charge counted afresh from a listing (a mirror opening: whatever changed the
-        folder without the budget, its ledger agrees with it again), kept in a ledger from now on
-        while it holds files (an empty log, a dataset written whole, holds no ledger's block);
-        returns the charge of its files."""
-        os.makedirs(folder, exist_ok=True)
-        with self.locked():
-            return self._count_into_ledger(folder)
-
-    def _count_into_ledger(self, folder: str) -> int:
-        total, files = 0, 0
-        with os.scandir(folder) as it:
-            for e in it:
-                if not e.is_dir(follow_symlinks=False):
-                    total += self._file_charge(e.path)
-                    files += 1
-        if files:
-            self._set_ledger(folder, total)
-        else:
-            unlink_quiet(folder + LEDGER)
-        return total
-
-    def replace(self, tmp: str, dest: str) -> None:
-        """Rename the temporary ``tmp`` into place at ``dest`` under the node lock (a scan never sees
-        it twice or not at all), the ledger of ``dest``'s folder changed by what it holds more."""
-        folder = os.path.dirname(dest)
-        with self.locked():
-            ledger = self._ledger(folder) if os.path.exists(folder + LEDGER) else None
-            before = self._file_charge(dest) if ledger is not None else 0
-            os.replace(tmp, dest)
-            if ledger is not None:
-                self._set_ledger(folder, ledger + self._file_charge(dest) - before)
-            elif os.path.basename(folder) in LEDGERED:
-                self._count_into_ledger(folder)  # its first file: counted once, kept from now on
-
-    def remove(self, path: str, unless=None) -> bool:
-        """Remove the metadata file ``path`` under the node lock, its folder's ledger changed with it;
-        ``unless(path)``: kept when true (checked under the lock). Whether it went."""
-        folder = os.path.dirname(path)
-        with self.locked():
-            if unless is not None and unless(path):
-                return False
-            charge = self._file_charge(path)
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                return False
-            ledger = self._ledger(folder) if os.path.exists(folder + LEDGER) else None
-            if ledger is not None:
-                self._set_ledger(folder, max(0, ledger - charge))
-            return True
 
     def _folder_bytes(self, folder: str, settled: bool) -> int:
         """A metadata folder's own blocks and its files'. A finished file there (no ``.tmp`` in

@@ -14,9 +14,9 @@ from test_log_open import _long_log
 
 from cache_servers import RangeServer
 from shardfeed.cache import ShardCache
-from shardfeed.cache.budget import LEDGER
-from shardfeed.cache.disk_blocks import temp_bytes
-from shardfeed.cache.remote_index import LOG_FETCHES, mirror_folder
+from shardfeed.cache.remote.remote_index import LOG_FETCHES, mirror_folder
+from shardfeed.cache.storage.disk_blocks import temp_bytes
+from shardfeed.cache.storage.ledger import LEDGER
 from shardfeed.formats.commit_log import LOG_DIR
 from shardfeed.loader import ShardDataset
 
