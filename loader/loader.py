@@ -214,6 +214,10 @@ class Loader:
                 st.elapsed_s += time.perf_counter() - st.started
                 st.started = None
         # the epoch is complete: move on to the next one
+        if self._maker is not None and self._cache is not None:
+            # the shards this process keeps open pin the node cache's room until it reads again: an
+            # evaluation through the same cache waited for that room (300 s a fetch) while training idled
+            self._maker.inner().let_go()
         if self._audit is not None:
             self._audit.end_epoch(self.epoch)
         feed.reset(self._pos)

@@ -47,3 +47,34 @@ def test_two_loaders_in_one_process_share_a_cache_folder(tmp_path, dataset):
             assert len([p for p in plans if p.endswith(".json")]) == 2, plans  # one plan file each
         assert sorted(seen["a"]) == sorted(seen["b"]) == sorted([f"{i:08d}" for i in range(N)] * 2)
         assert [p for p in os.listdir(os.path.join(cache_dir, "lookahead")) if not p.endswith(".lock")] == []
+
+
+def _write(root: str, n: int, payload: int, seed: int) -> int:
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    with ShardWriter(root, max_shard_samples=16) as w:
+        for i in range(n):
+            w.write({"__key__": f"{i:08d}", "cls": i % 10, "bin": rng.integers(0, 256, payload, np.uint8).tobytes()})
+    return sum(os.path.getsize(os.path.join(root, f)) for f in os.listdir(root) if f.endswith(".tar"))
+
+
+@pytest.mark.timeout(40)  # without the fix it waits 300 s a fetch
+def test_an_evaluation_through_the_cache_a_finished_training_epoch_holds(tmp_path):
+    """The training Loader stays open after its epoch (as a trainer's does while it evaluates): the
+    shards its reader kept open pinned the cache's room, and the evaluation's every fetch waited 300 s
+    for it (over 10 minutes for an eval pass of 2,000 samples; 0.4 s once they are let go)."""
+    import time
+
+    _write(str(tmp_path / "train"), 1000, 8192, 0)
+    held_out = _write(str(tmp_path / "eval"), 600, 8192, 1)
+    kw = dict(cache_dir=str(tmp_path / "c"), cache_limit_bytes=int(0.64 * held_out))
+    with RangeServer(str(tmp_path)) as srv:
+        with Loader(ShardDataset(f"{srv.url}/train", shuffle="global", seed=0, **kw), 64) as train:
+            assert sum(len(b["__key__"]) for b in train) == 1000
+            t0 = time.monotonic()
+            with Loader(ShardDataset(f"{srv.url}/eval", shuffle="none", drop_last=True, **kw), 256) as evaluation:
+                keys = [k for b in evaluation for k in b["__key__"]]
+            took = time.monotonic() - t0
+    assert keys == [f"{i:08d}" for i in range(600)]
+    assert took < 20, took
