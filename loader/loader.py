@@ -214,10 +214,6 @@ class Loader:
                 st.elapsed_s += time.perf_counter() - st.started
                 st.started = None
         # the epoch is complete: move on to the next one
-        if self._maker is not None and self._cache is not None:
-            # the shards this process keeps open pin the node cache's room until it reads again: an
-            # evaluation through the same cache waited for that room (300 s a fetch) while training idled
-            self._maker.inner().let_go()
         if self._audit is not None:
             self._audit.end_epoch(self.epoch)
         feed.reset(self._pos)
@@ -249,6 +245,7 @@ class Loader:
 
         ahead = threads and self._read_ahead
         yield from batches(self._maker, feed, self._batch_key, self.pin_memory, self.bytes_as, ahead)
+        self._maker.inner().let_go()  # the epoch is read: its open shards would pin the node cache's room
 
     def _allow_threads(self, ahead: bool = False) -> None:
         from shardfeed.loader import read_ahead  # this process reads alone: threads on a free core

@@ -68,7 +68,8 @@ class Maker(ABC):
 
     def let_go(self) -> None:
         """Close the shards kept open between reads that no read holds now (a finished epoch: through
-        the node cache their pins would hold room another Loader of the node waits for). Default: none."""
+        the node cache their pins would hold room another Loader of the node waits for, as an evaluation
+        read through the cache of a training Loader left open did, 300 s a fetch). Default: none."""
         return None
 
     def hint(self, plan, start: int, stop: int) -> None:
