@@ -101,6 +101,10 @@ class BatchMaker(Maker):
             return False
         return self.reader.gather_into_bytes(lambda name: self._codec(name) == "bytes", heap.reserve)
 
+    def let_go(self) -> None:
+        if self.cached is not None:
+            self.reader.shards.close_idle()
+
     def close(self) -> None:
         if self.ahead is not None:
             self.ahead.close()

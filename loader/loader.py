@@ -245,6 +245,7 @@ class Loader:
 
         ahead = threads and self._read_ahead
         yield from batches(self._maker, feed, self._batch_key, self.pin_memory, self.bytes_as, ahead)
+        self._maker.inner().let_go()  # the epoch is read: its open shards would pin the node cache's room
 
     def _allow_threads(self, ahead: bool = False) -> None:
         from shardfeed.loader import read_ahead  # this process reads alone: threads on a free core

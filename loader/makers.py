@@ -66,6 +66,12 @@ class Maker(ABC):
         """The maker that reads: itself, or the one a wrapper wraps (whose seed key and RNG it sets)."""
         return self
 
+    def let_go(self) -> None:
+        """Close the shards kept open between reads that no read holds now (a finished epoch: through
+        the node cache their pins would hold room another Loader of the node waits for, as an evaluation
+        read through the cache of a training Loader left open did, 300 s a fetch). Default: none."""
+        return None
+
     def hint(self, plan, start: int, stop: int) -> None:
         """This maker's batch is positions ``[start, stop)`` of ``plan`` (its next ones
         ``stride`` apart): a maker may start on them. Default: nothing to start."""

@@ -44,6 +44,7 @@ class PlanPrefetcher:
         self._wanted: set[str] = set()
         self.errors = 0
         self.passes = 0  # plans computed (for tests and benchmarks)
+        self.lookahead = cache.lookahead.publisher()  # its plan under its own name (two Loaders, one cache)
         self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="shardfeed-clairvoyant")
         self._thread = threading.Thread(target=self._run, name="shardfeed-clairvoyant-plan", daemon=True)
         self._thread.start()
@@ -74,7 +75,7 @@ class PlanPrefetcher:
                 self.errors += 1
                 continue
             self.passes += 1
-            self.cache.set_lookahead((ref, s) for ref, s, _ in upcoming)
+            self.cache.set_lookahead(((ref, s) for ref, s, _ in upcoming), self.lookahead)
             self._fill(upcoming)
 
     def _fill(self, upcoming) -> None:
@@ -130,6 +131,7 @@ class PlanPrefetcher:
             self._cv.notify_all()
         self._thread.join(timeout=10)
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self.lookahead.close()  # its plan file goes; a pass still running publishes nothing more
 
     def __enter__(self):
         return self
@@ -270,7 +272,10 @@ class SamplePrefetcher(PlanPrefetcher):
                 for k in (key, partial_key(key)):
                     if step < plan.get(k, step + 1):
                         plan[k] = step
-            self.cache.lookahead.publish(plan)
+            if self.policy.fits:
+                self.lookahead.withdraw()  # every shard fits: nothing is evicted, a plan would only take room
+            else:
+                self.lookahead.publish(plan)
             with self._cv:
                 for url in list(self._brought):  # steps the readers passed: read, or on their terms
                     left = {i: s for i, s in self._brought[url].items() if s >= self._step}

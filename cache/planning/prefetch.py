@@ -49,6 +49,7 @@ class Prefetcher:
         cache.reserve(self.max_ahead_bytes + biggest)
         self.first_step = first_step
         self.plan_len = plan_len
+        self.lookahead = cache.lookahead.publisher()  # its plan under its own name (two Loaders, one cache)
         self._publish_plan(0)
         self._cv = threading.Condition()
         self._pos = 0  # consumer's position: refs before it are done with
@@ -67,7 +68,8 @@ class Prefetcher:
         # Only the next ``plan_len`` go to the cache: it is rewritten at each
         # advance, and anything further away is evicted first anyway.
         upcoming = self.refs[pos:pos + self.plan_len]
-        self.cache.set_lookahead((r, self.first_step + k) for k, r in enumerate(upcoming, start=pos))
+        self.cache.set_lookahead(((r, self.first_step + k) for k, r in enumerate(upcoming, start=pos)),
+                                 self.lookahead)
 
     def __len__(self) -> int:
         return len(self.refs)
@@ -152,6 +154,7 @@ class Prefetcher:
             self._cv.notify_all()
         for t in self._threads:
             t.join(timeout=60)
+        self.lookahead.close()
 
     def __enter__(self):
         return self

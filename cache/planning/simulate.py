@@ -292,7 +292,7 @@ def block_window(sizes, limit_bytes: int, ranks_per_node: int = 1, margin_bytes:
 
 
 @njit
-def _ranged(shards, samples, sizes, span, kept, limit, reserve, floor, window):
+def _ranged(shards, samples, sizes, span, kept, limit, reserve, floor, window, claim):
     used = 0.0
     resident = np.zeros(sizes.shape[0], np.bool_)
     seen = np.zeros(sizes.shape[0], np.bool_)  # its sidecar is known: the cost model can price its ranges
@@ -302,8 +302,8 @@ def _ranged(shards, samples, sizes, span, kept, limit, reserve, floor, window):
         s = shards[i]
         if resident[s]:
             continue
-        admit = used + kept[s] + reserve <= limit
-        if not admit and seen[s] and used + kept[s] + floor <= limit:
+        admit = used + kept[s] + claim + reserve <= limit
+        if not admit and seen[s] and used + kept[s] + claim + floor <= limit:
             # into the reserve's part beyond the worst case when two or more of its samples
             # are read soon: one request for the shard is then cheaper than theirs
             k, r, j = 0.0, 0.0, i
@@ -324,10 +324,13 @@ def _ranged(shards, samples, sizes, span, kept, limit, reserve, floor, window):
 
 
 def simulate_ranged(sizes, counts, accesses, limit_bytes: int, reserve_bytes: int, sidecar_share: float = 0.0,
-                    span_bytes=None, floor_bytes: int | None = None, window: int = 0) -> np.ndarray:
+                    span_bytes=None, floor_bytes: int | None = None, window: int = 0, kept_bytes=None,
+                    claim_bytes: int = 0) -> np.ndarray:
     """Bytes of shards and sample ranges fetched in each epoch of ``accesses`` by the
     cache's policy for the global order (module docstring): a shard admitted whole
-    costs its size once and keeps ``size * (1 + sidecar_share)`` of the budget;
+    costs its size once and keeps ``kept_bytes[s]`` of the budget (what the cache's budget
+    charges it: cost_model.whole_charge, in the disk's blocks; default ``size * (1 +
+    sidecar_share)``), its admission asking ``claim_bytes`` more (admission.claim's placeholder);
     any other read costs its sample's range, ``span_bytes[s]`` (default: the mean
     sample of the shard less the tar bytes no range reads). Sidecar bytes fetched
     are not counted (metadata).
@@ -343,11 +346,11 @@ def simulate_ranged(sizes, counts, accesses, limit_bytes: int, reserve_bytes: in
         accesses = Accesses.of(accesses)
     if span_bytes is None:
         span_bytes = np.array([mean_span(a, n) for a, n in zip(sizes, counts)], np.float64)
-    kept = sizes * (1 + float(sidecar_share))
+    kept = sizes * (1 + float(sidecar_share)) if kept_bytes is None else np.asarray(kept_bytes, np.float64)
     floor = float(reserve_bytes if floor_bytes is None else min(floor_bytes, reserve_bytes))
     fetched = _ranged(accesses.shards, accesses.samples.astype(np.float64), sizes,
                       np.asarray(span_bytes, np.float64), kept, float(limit_bytes), float(reserve_bytes), floor,
-                      float(window))
+                      float(window), float(claim_bytes))
     return np.array([int(fetched[a:b].sum()) for a, b in zip(accesses.bounds[:-1], accesses.bounds[1:])], np.int64)
 
 

@@ -47,6 +47,7 @@ from shardfeed.cache.remote.remote_index import (
     fetch_together,
     mirror_folder,
 )
+from shardfeed.cache.storage import ledger
 from shardfeed.cache.storage.store import ShardCache
 from shardfeed.formats import ShardError
 from shardfeed.formats.commit_log import END, base_log_seq, check_no_holes
@@ -96,6 +97,8 @@ class LogMirror:
         started = time.time()
         log = os.path.join(self.folder, LOG_DIR)
         os.makedirs(log, exist_ok=True)
+        with self.cache.budget.locked():  # its entries' charge a running total from now on (each is a block)
+            ledger.count(log, self.cache.budget.block)
         index = os.path.join(self.folder, INDEX_NAME)
         have_index = self._fetch(f"{self.url}/{INDEX_NAME}", index, 1 << 30)
         if not have_index:
@@ -128,9 +131,9 @@ class LogMirror:
         for name in os.listdir(log):
             if _SEQ_RE.match(name) and int(name[:12]) > self.have:
                 path = os.path.join(log, name)
-                with contextlib.suppress(FileNotFoundError):
+                with self.cache.budget.locked(), contextlib.suppress(FileNotFoundError):
                     if os.stat(path).st_mtime < started - 1.0:
-                        os.unlink(path)
+                        ledger.remove(path, self.cache.budget.block)
 
     # -- entries ----------------------------------------------------------------
     def _walk(self, seq: int) -> None:

@@ -37,6 +37,7 @@ import xxhash
 from shardfeed.cache.fetching.fetch import with_retries
 from shardfeed.cache.fetching.url_schemes import is_remote
 from shardfeed.cache.fetching.url_sources import open_source
+from shardfeed.cache.storage import ledger
 from shardfeed.cache.storage.budget import unlink_quiet
 from shardfeed.cache.storage.store import ShardCache, ShardRef
 from shardfeed.formats import ShardError, open_index
@@ -96,8 +97,10 @@ def _copy(url: str, dest: str, cache: ShardCache, max_bytes: int = _MAX_META_BYT
                                                                         lambda: cache._add(requests=1)), opts)
     if data is None:
         return False  # unchanged (304, or the same ETag)
-    # inside the cache's budget like a shard: room made first, renamed under the node lock
-    tmp = cache.budget.make_room_and_create(os.path.basename(dest), "", len(data), url, os.path.dirname(dest),
+    # inside the cache's budget like a shard: room made first, renamed under the node lock; a log
+    # entry's temporary beside the log's folder, which holds finished entries only (its ledger)
+    folder = os.path.dirname(dest) if versioned else os.path.dirname(os.path.dirname(dest))
+    tmp = cache.budget.make_room_and_create(os.path.basename(dest), "", len(data), url, folder,
                                             xattr=_VERSION_XATTR if versioned else None)
     try:
         try:
@@ -110,8 +113,8 @@ def _copy(url: str, dest: str, cache: ShardCache, max_bytes: int = _MAX_META_BYT
                 os.setxattr(tmp, _VERSION_XATTR, json.dumps([ident.size, ident.etag, ident.modified]).encode())
         except OSError:
             pass  # no xattrs here: the next mirror fetches it again (never stale)
-        with cache.budget.locked():
-            os.replace(tmp, dest)
+        with cache.budget.locked():  # a scan never sees it twice or not at all
+            ledger.replace(tmp, dest, cache.budget.block)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -187,10 +190,14 @@ def mirror_index(url: str, cache: ShardCache) -> str:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(folder, INDEX_NAME))  # the source dropped it: so does the mirror
     _drop_dead_temporaries(folder)
+    os.makedirs(os.path.join(folder, LOG_DIR), exist_ok=True)
+    with cache.budget.locked():  # its entries' charge a running total from now on: never listed again
+        ledger.count(os.path.join(folder, LOG_DIR), cache.budget.block)
     log = _list_log(url, cache) or []
     for name in set(os.listdir(os.path.join(folder, LOG_DIR))) - set(log):
         if _SEQ_RE.match(name):
-            os.unlink(os.path.join(folder, LOG_DIR, name))  # gone at the source (rewritten log)
+            with cache.budget.locked():  # gone at the source (rewritten log)
+                ledger.remove(os.path.join(folder, LOG_DIR, name), cache.budget.block)
     # index.arrow folds the log up to its log_seq (`shardfeed compact`): only the entries after it are read
     base = base_log_seq(folder) if have_index else 0
     fetch_together(lambda name: _copy(f"{url}/{LOG_DIR}/{name}", os.path.join(folder, LOG_DIR, name), cache,

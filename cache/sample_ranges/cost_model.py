@@ -135,6 +135,27 @@ def rounded_blocks_array(nbytes):
     return -(-nbytes // BLOCK) * BLOCK
 
 
+def whole_charge(sizes, sidecar_share: float):
+    """Budget bytes each shard of ``sizes`` (an int64 array) holds once admitted whole: the shard
+    and its sidecar (``sidecar_share`` of its bytes), each in whole disk blocks. The room a whole
+    admission claims (admission.claim) and what the simulator charges it (simulate.simulate_ranged)."""
+    import numpy as np
+
+    sizes = np.asarray(sizes, np.int64)
+    return rounded_blocks_array(sizes) + rounded_blocks_array((sizes * float(sidecar_share)).astype(np.int64))
+
+
+DIRENT_BYTES = 64  # a name in a folder (ext4: 8 bytes and the name, 4-aligned; a key's name is ~40 characters)
+
+
+def folder_growth(shards: int) -> int:
+    """Budget bytes the cache's own folders grow by once they hold ``shards`` shards whole: four
+    names each (the shard and its sidecar in data/, its fetch and pin locks in locks/), in whole
+    blocks of each folder. Beside the data, the mirrored index and the folders at the start
+    (Budget.fixed_bytes), this is what a cache that holds the whole dataset needs."""
+    return 2 * rounded_blocks(int(shards) * 2 * DIRENT_BYTES)
+
+
 RANGE_MIN_SAMPLE_BYTES = BLOCK  # below this a sample's range costs more disk (its blocks) than its bytes
 
 

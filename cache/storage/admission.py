@@ -29,6 +29,7 @@ def claim(cache, key: str, size: int, sidecar_share: float, room: int) -> tuple[
     """(whether shard ``key`` of ``size`` bytes, with its sidecar, was given room within ``room``
     bytes of whole shards, the whole shards' bytes seen); True at once when it is here already."""
     block = cache.budget.block
+    # the placeholder's own block beside the shard's and its sidecar's (simulate.simulate_ranged asks the same)
     size = rounded(size, block) + rounded(int(size * sidecar_share), block) + block
     with FileLock(os.path.join(cache.cache_dir, ".cache.lock")):
         used = cache.budget.whole_bytes()

@@ -26,6 +26,7 @@ import os
 import time
 import uuid
 
+from shardfeed.cache.storage import ledger
 from shardfeed.cache.storage.admission import ADMIT, admission_held
 from shardfeed.cache.storage.disk_blocks import ATTR_MARK, block_size, on_disk, rounded, temp_bytes
 from shardfeed.cache.storage.eviction import victim_order
@@ -111,9 +112,10 @@ class Budget:
             except FileNotFoundError:
                 pass
         for top in tops:
-            for dirpath, _, _ in os.walk(os.path.join(self.cache_dir, top)):
-                total += self._folder_bytes(dirpath, settled)
+            # a folder kept by a running total (a mirrored log) is not listed: ledger.py
+            total += ledger.tree_bytes(os.path.join(self.cache_dir, top), lambda d: self._folder_bytes(d, settled))
         return total
+
 
     def _folder_bytes(self, folder: str, settled: bool) -> int:
         """A metadata folder's own blocks and its files'. A finished file there (no ``.tmp`` in

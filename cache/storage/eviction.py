@@ -8,7 +8,9 @@ take the same steps, so step numbers compare across them. A plan file is
 part of the cache's budget: ``max_bytes`` (set by the Loader to what its
 start check counted for it) bounds it, keeping the nearest steps. An owner holds a
 shared flock on ``<owner>.alive`` while it lives; files of dead owners are
-removed by the next reader.
+removed by the next reader. Each prefetcher publishes under a name of its own
+(``publisher()``: two Loaders of one process share the process's cache, and one
+file written by both lost one's plan and the other's rename), removed at its close.
 
 Victim order (Belady's rule, with what is known): entries no live plan
 mentions go first, least recently used first; then planned ones, farthest
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import uuid
 
 from shardfeed.cache.storage.disk_blocks import rounded
@@ -35,7 +38,7 @@ def plan_bytes(shards: int, ranged: bool) -> int:
 
 
 class SharedLookahead:
-    def __init__(self, folder: str, share: bool = True):
+    def __init__(self, folder: str, share: bool = True, parent: SharedLookahead | None = None):
         self.folder = folder
         self.share = share
         self.mine: dict[str, int] = {}
@@ -44,11 +47,35 @@ class SharedLookahead:
         self._alive_pid = -1
         self._seen: dict[str, tuple[int, int, dict]] = {}  # path -> (mtime_ns, size, plan)
         self.max_bytes: int | None = None  # bound of the published file (the budget counted this much)
+        self._parent = parent
+        self._publishers: set[SharedLookahead] = set()  # publisher()'s, open: their plans count here
+        self._mu = threading.Lock()  # one publish at a time (its file is written, then renamed)
+        self._pub_mu = threading.Lock()  # _publishers (merged() runs in any thread)
+        self._closed = False
+
+    def publisher(self) -> SharedLookahead:
+        """A plan of its own in the same folder under its own name (one per prefetcher), counted in
+        this one's ``merged()``; ``close()`` it when its prefetcher ends."""
+        p = SharedLookahead(self.folder, self.share, parent=self)
+        with self._pub_mu:
+            self._publishers.add(p)
+        return p
 
     def publish(self, plan: dict[str, int]) -> None:
-        self.mine = dict(plan)
-        if not self.share:
-            return
+        with self._mu:
+            if self._closed:
+                return  # its prefetcher ended: a late pass of its thread publishes nothing
+            self.mine = dict(plan)
+            if self.share:
+                self._write()
+
+    def withdraw(self) -> None:
+        """No plan for now: its file removed (a later publish writes one again)."""
+        with self._mu:
+            self.mine = {}
+            self._close_file()
+
+    def _write(self) -> None:
         os.makedirs(self.folder, exist_ok=True)
         if self._alive is None or self._alive_pid != os.getpid():
             # a forked child owns a plan of its own, under its own name
@@ -59,8 +86,9 @@ class SharedLookahead:
         path = os.path.join(self.folder, f"{self.owner}.json")
         tmp = f"{path}.tmp"
         text = json.dumps(self.mine)
-        if self.max_bytes is not None and len(text) > self.max_bytes // 2:  # the old file and the new, at once
-            text = _bounded(self.mine, self.max_bytes // 2)
+        bound = self.max_bytes if self.max_bytes is not None or self._parent is None else self._parent.max_bytes
+        if bound is not None and len(text) > bound // 2:  # the old file and the new, at once
+            text = _bounded(self.mine, bound // 2)
         with open(tmp, "w") as f:
             f.write(text)
         os.replace(tmp, path)  # readers see the old plan or the new one, never half of one
@@ -68,10 +96,18 @@ class SharedLookahead:
     def merged(self) -> dict[str, int]:
         """Earliest planned step per key over all live owners on the node."""
         out = dict(self.mine)
+        mine = {f"{self.owner}.json"}
+        with self._pub_mu:
+            publishers = list(self._publishers)
+        for p in publishers:
+            mine.add(f"{p.owner}.json")
+            for key, step in dict(p.mine).items():
+                if step < out.get(key, step + 1):
+                    out[key] = step
         if not self.share or not os.path.isdir(self.folder):
             return out
         for name in os.listdir(self.folder):
-            if not name.endswith(".json") or name == f"{self.owner}.json":
+            if not name.endswith(".json") or name in mine:
                 continue
             path = os.path.join(self.folder, name)
             if not self._owner_alive(name[:-5]):
@@ -107,6 +143,15 @@ class SharedLookahead:
         return plan
 
     def close(self) -> None:
+        with self._mu:
+            if self._parent is not None:  # a publisher's: it ends with its prefetcher, for good
+                self._closed = True
+                self.mine = {}
+                with self._parent._pub_mu:
+                    self._parent._publishers.discard(self)
+            self._close_file()
+
+    def _close_file(self) -> None:
         if self._alive is not None and self.share and self._alive_pid == os.getpid():
             for p in (os.path.join(self.folder, f"{self.owner}.json"), self._alive.path):
                 try:

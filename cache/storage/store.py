@@ -154,9 +154,10 @@ class ShardCache:
             self._add(discarded=1)
         return had
 
-    def set_lookahead(self, items) -> None:
+    def set_lookahead(self, items, publisher: SharedLookahead | None = None) -> None:
         """Plan of next uses: ``(url, step)``, ``(url, step, hash)`` or ``(ShardRef, step)``;
-        the first step of each entry counts. Entries in no plan are evicted first."""
+        the first step of each entry counts. Entries in no plan are evicted first.
+        ``publisher``: a prefetcher's own (``lookahead.publisher()``), else the cache's."""
         plan: dict[str, int] = {}
         for item in items:
             what, step = item[0], int(item[1])
@@ -164,7 +165,7 @@ class ShardCache:
                 self.key_for(what, item[2] if len(item) > 2 else None)
             if step < plan.get(key, step + 1):
                 plan[key] = step
-        self.lookahead.publish(plan)
+        (publisher or self.lookahead).publish(plan)
 
     def reserve(self, working_set_bytes: int) -> None:
         """Fail now, not mid-epoch, if the budget is below the working set
