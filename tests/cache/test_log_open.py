@@ -64,7 +64,6 @@ def test_a_log_is_read_many_entries_at_once_over_http(tmp_path, follow):
         took, n = _open_s(dict(kw, source=f"{srv.url}/ds"))
         assert srv.max_in_flight >= 4, srv.max_in_flight  # one at a time: 1
     assert n == commits
-    assert took < commits * LATENCY_S / 3, took  # one at a time: 1.6 s of latency alone
 
 
 @pytest.mark.timeout(120)
@@ -77,9 +76,13 @@ def test_a_log_is_read_many_entries_at_once_over_s3(tmp_path):
     with ShapedS3(1e9, LATENCY_S) as s3:
         kw = dict(cache_dir=str(tmp_path / "c"), seed=0, storage_options=s3_options(s3.endpoint))
         ShardDataset(**dict(kw, source=s3.upload(str(tmp_path / "warm"), "warm")))  # imports, the S3 client's start
-        took, n = _open_s(dict(kw, source=s3.upload(str(tmp_path / "ds"), "long")))
+        url = s3.upload(str(tmp_path / "ds"), "long")
+        s3.link.max_in_flight = 0
+        took, n = _open_s(dict(kw, source=url))
+        # requests side by side, counted by the server: a wall-clock bound here failed on a loaded machine
+        # (2.0-2.7 s against 1.2) with the fetches as concurrent as on a quiet one
+        assert s3.link.max_in_flight >= 4, s3.link.max_in_flight  # one at a time: 1
     assert n == commits
-    assert took < commits * LATENCY_S, took  # one at a time: 2 requests an entry, 2.4 s of latency alone
 
 
 @pytest.mark.slow  # 10,000 commits written, compacted and put on moto: ~1 minute here; each open ~1 s

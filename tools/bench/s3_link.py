@@ -6,7 +6,8 @@ an S3 bucket. The bucket lives in moto's real S3 server on loopback (the server 
 clients talk to a forwarding proxy in front of it, a ThrottledServer (tools/bench/throttled_http.py)
 whose handler forwards each request to moto: the same pacing of every response body through one
 byte budget per second, the same per-request latency and the same counters (``bytes_sent`` counts
-response bodies, ``requests`` counts requests) as the HTTP server shardfeed reads. Uploads go to
+response bodies, ``requests`` counts requests, ``max_in_flight`` the most answered at once) as the
+HTTP server shardfeed reads. Uploads go to
 moto directly, so they are not counted.
 
 ``GET /__bench_counters__`` on the proxy answers the counters as JSON without counting itself:
@@ -58,6 +59,14 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(data)
             return
+        srv.began(1)
+        try:
+            self._relay(body)
+        finally:
+            srv.began(-1)
+
+    def _relay(self, body: bool) -> None:
+        srv = self.server
         if srv.latency_s:
             time.sleep(srv.latency_s)
         srv.request()
