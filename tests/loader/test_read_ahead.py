@@ -70,10 +70,13 @@ def _epochs(root, monkeypatch, ahead: bool, shuffle="global", away=AWAY_S, bytes
 @pytest.mark.parametrize("shuffle", ["global", "none"])
 def test_reading_ahead_delivers_the_batches_of_reading_in_turn(make_dataset, monkeypatch, readers, shuffle):
     root = make_dataset(300, shard_samples=70)
-    in_turn = _epochs(root, monkeypatch, False, shuffle)
+    # which thread reads is the point here: a step long enough that a loaded machine's slower reads (the
+    # pace reads ahead while the consumer is away half a read or more) still leave the thread its turn
+    away = 5 * AWAY_S
+    in_turn = _epochs(root, monkeypatch, False, shuffle, away=away)
     assert "shardfeed-read-ahead" not in readers
     readers.clear()
-    ahead = _epochs(root, monkeypatch, True, shuffle)
+    ahead = _epochs(root, monkeypatch, True, shuffle, away=away)
     assert ahead == in_turn
     assert readers.count("shardfeed-read-ahead") >= len(readers) - 4  # all but the first of each epoch or so
     assert sorted(k for b in ahead[:19] for k in b["__key__"]) == [f"{i:08d}" for i in range(300)]  # epoch 0
