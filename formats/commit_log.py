@@ -158,6 +158,15 @@ def read_commits(root: str, after: int = 0, upto: int | None = None) -> LogView:
     return LogView(shards, end, tuple(fields))
 
 
+def with_entries(names, formats, counts, sizes, hashes, entries) -> tuple:
+    """An index's columns (names, formats, counts, sizes, hashes) with the log's ``entries``
+    (``(seq, ShardInfo)`` pairs) appended, in order."""
+    return (list(names) + [e.name for _, e in entries], list(formats) + [e.format for _, e in entries],
+            np.concatenate([np.asarray(counts, np.int64), [e.samples for _, e in entries]]),
+            np.concatenate([np.asarray(sizes, np.int64), [e.bytes for _, e in entries]]),
+            list(hashes) + [e.hash for _, e in entries])
+
+
 def read_log(root: str, after: int = 0) -> list[tuple[int, ShardInfo]]:
     """Published shards with sequence number > ``after``, in commit order (the end marker left out)."""
     return read_commits(root, after).shards
@@ -319,11 +328,7 @@ def open_stream_index(root: str, upto: int | None = None) -> tuple[DatasetIndex,
     check_unique_names(list(names) + [e.name for _, e in entries], root)
     check_new_names({}, entries, root)
     if entries:
-        names = list(names) + [e.name for _, e in entries]
-        formats = list(formats) + [e.format for _, e in entries]
-        counts = np.concatenate([np.asarray(counts, np.int64), [e.samples for _, e in entries]])
-        sizes = np.concatenate([np.asarray(sizes, np.int64), [e.bytes for _, e in entries]])
-        hashes = list(hashes) + [e.hash for _, e in entries]
+        names, formats, counts, sizes, hashes = with_entries(names, formats, counts, sizes, hashes, entries)
     last = view.last_seq
     meta = dict(meta, log_seq=entries[-1][0] if entries else log_seq, folded_seq=log_seq)
     if view.end is not None:

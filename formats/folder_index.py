@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
-
 from shardfeed.formats.index import INDEX_NAME, LOG_DIR, DatasetIndex, check_unique_names
 
 
@@ -44,10 +42,8 @@ def open_folder(root: str, follow_log: bool = True) -> DatasetIndex:
     if os.path.isdir(os.path.join(root, LOG_DIR)):
         check_unique_names(list(names) + [e.name for _, e in entries], root)
     if entries:
-        names = list(names) + [e.name for _, e in entries]
-        formats = list(formats) + [e.format for _, e in entries]
-        counts = np.concatenate([np.asarray(counts, np.int64), [e.samples for _, e in entries]])
-        sizes = np.concatenate([np.asarray(sizes, np.int64), [e.bytes for _, e in entries]])
-        hashes = list(hashes) + [e.hash for _, e in entries]
+        from shardfeed.formats.commit_log import with_entries
+
+        names, formats, counts, sizes, hashes = with_entries(names, formats, counts, sizes, hashes, entries)
         meta = dict(meta, log_seq=entries[-1][0])
     return DatasetIndex(root, names, formats, counts, sizes, hashes, fields, meta)
