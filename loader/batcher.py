@@ -52,8 +52,8 @@ class BatchMaker(Maker):
         self._refetched: set[int] = set()
         extra = {}
         if cached is not None:
+            from shardfeed.cache.planning.sizing import reader_max_open
             from shardfeed.cache.readers.reads import max_entry_bytes
-            from shardfeed.loader.cache_limits import reader_max_open
 
             biggest = max_entry_bytes(index)  # the shard and its sidecar, as the checks count it
             max_open = reader_max_open(cached.spec.limit_bytes, biggest, readers)

@@ -1,12 +1,10 @@
-"""The cache limits a Loader's readers need: the start check's arithmetic, the limit one shard
-needs, and the search for settings that pass.
+"""The start check's advice: the settings that pass, and the limit one shard needs.
 
-loader/caching.py runs the check; here are the bytes the node's readers pin at
-worst and the smallest limit that holds them (pure functions of sizes and counts),
-the largest value of a setting that passes (``largest``), and the CacheLimitError of
-a limit that cannot hold a dataset's mirrored index beside its largest shard, naming
-the smallest one that can (for an index the cache cannot hold, read into memory to
-size its shards).
+loader/caching.py runs the check, on the arithmetic of cache/planning/sizing.py;
+here are the search for settings that pass (each tried through the check:
+``largest`` of a setting), and the CacheLimitError of a limit that cannot hold a
+dataset's mirrored index beside its largest shard, naming the smallest one that
+can (for an index the cache cannot hold, read into memory to size its shards).
 """
 
 from __future__ import annotations
@@ -18,41 +16,16 @@ import numpy as np
 from shardfeed.cache import CacheLimitError
 from shardfeed.cache.fetching.fetch import with_retries
 from shardfeed.cache.fetching.url_sources import open_source
+from shardfeed.cache.planning.sizing import fits, one_shard_limits
 from shardfeed.cache.readers import ranged_reads
 from shardfeed.cache.readers.ranged_reads import RangePolicy
 from shardfeed.cache.readers.reads import entry_bytes
-from shardfeed.cache.storage.eviction import plan_bytes
 from shardfeed.formats import ShardError
 from shardfeed.formats.index import INDEX_NAME
 from shardfeed.formats.own_tables import parse_index_bytes
 from shardfeed.shuffling import Order
 from shardfeed.shuffling.plan import DEFAULT_BUFFER_SIZE
 from shardfeed.shuffling.spec import PlanSpec
-
-LOOKAHEAD_SHARDS = 4096  # shards one plan holds (the cache's lookahead)
-
-
-def reader_max_open(limit_bytes: int, max_shard: int, readers: int) -> int:
-    """Shards a reader keeps open (pinned) between reads, ``readers`` being
-    every reader of the node: together at most a quarter of the budget, 0 when
-    the budget is tight (each read then reopens its shards)."""
-    return max(0, min(256, limit_bytes // max(1, 4 * readers * max_shard)))
-
-
-def node_need(limit_bytes: int, max_shard: int, per_step: list[int]) -> int:
-    """Bytes the node's readers pin at worst (``per_step``: shards one read of
-    each reader of the node touches), each also keeping its open shards, plus
-    one shard being fetched. Below this two readers can wait on each other."""
-    kept = reader_max_open(limit_bytes, max_shard, len(per_step))
-    return (sum(per_step) + kept * len(per_step) + 1) * max_shard
-
-
-def smallest_limit(max_shard: int, per_step: list[int]) -> int:
-    """The smallest budget ``node_need`` accepts (kept-open shards grow with it)."""
-    limit = (sum(per_step) + 1) * max_shard
-    while node_need(limit, max_shard, per_step) > limit:
-        limit = node_need(limit, max_shard, per_step)
-    return limit
 
 
 def below_one_shard(spec, url: str, err: CacheLimitError | None, fixed: int = 0, entry: int = 0,
@@ -70,8 +43,7 @@ def below_one_shard(spec, url: str, err: CacheLimitError | None, fixed: int = 0,
                                    err.needed_bytes)
         index_bytes, entry, shards = sized
         fixed = cache.budget.fixed_bytes(plans=False) + index_bytes + len(url) + 16  # its folder's source.txt
-    least = fixed + entry
-    loader = fixed + plan_bytes(min(shards, LOOKAHEAD_SHARDS), False) + smallest_limit(entry, [1])
+    least, loader = one_shard_limits(fixed, entry, shards)
     return CacheLimitError(spec.cache_dir, f"cache_limit_bytes={spec.limit_bytes:,} cannot hold one shard of "
                            f"{url}: its largest takes {entry:,} bytes with its sidecar, beside {fixed:,} bytes of "
                            f"mirrored index that stay in the cache; raise cache_limit_bytes to at least {least:,} "
@@ -93,13 +65,6 @@ def sizes_unmirrored(url: str, cache) -> tuple[int, int, int] | None:
                              formats=list(formats), fields=list(meta.get("fields") or []), tables={},
                              hashes=list(hashes))
     return len(raw), int(entry_bytes(shards).max()) if len(shards.sizes) else 0, len(shards.sizes)
-
-
-def fits(max_shard: int, per_rank: list[int], readers: int, limit: int, fixed: int, whole: int) -> bool:
-    """Whether the whole-shard start check passes with ``per_rank`` shards a step and ``readers``
-    per rank (``fixed``: bytes eviction cannot free; ``whole``: with every shard, all of it)."""
-    per_step = [n for n in per_rank for _ in range(readers)]
-    return min(whole, fixed + node_need(limit - fixed, max_shard, per_step)) <= limit
 
 
 def largest(passes, below: int) -> int | None:

@@ -19,6 +19,8 @@ Who does what:
   reads more than the cache holds, in an order that refetches) warns once,
   on the node's first rank, with Belady's estimate of the bytes fetched per
   epoch (cache/planning/thrash.py, over a bounded prefix of the epoch) and the fixes.
+  The bytes each figure counts are pure functions in cache/planning/sizing.py;
+  here they are asked of this dataset, node and feed.
 
 Global step numbers for the cache's lookahead are ``epoch * 10**9 + step``:
 the same on every rank, since all ranks take the same steps.
@@ -31,25 +33,16 @@ import warnings
 import numpy as np
 
 from shardfeed.cache import CacheLimitError
+from shardfeed.cache.planning import sizing
 from shardfeed.cache.planning.clairvoyant import PlanPrefetcher
-from shardfeed.cache.planning.thrash import step_reads, warm_epoch
+from shardfeed.cache.planning.thrash import step_reads, thrash_ratio, warm_epoch
 from shardfeed.cache.readers.ranged_reads import NEAR_STEPS, RANGE_THREADS
 from shardfeed.cache.readers.reads import CachedShards, entry_bytes, max_entry_bytes
 from shardfeed.cache.storage.eviction import plan_bytes
-from shardfeed.loader.cache_limits import (
-    LOOKAHEAD_SHARDS,
-    below_one_shard,
-    node_need,
-    order_name,
-    passing,
-    ranged_passing,
-    reader_max_open,
-    smallest_limit,
-)
+from shardfeed.loader.cache_limits import below_one_shard, order_name, passing, ranged_passing
 
 STEP_KEY = 10 ** 9
 SIM_POSITIONS = 1 << 18  # samples of the epoch the thrash estimate simulates (bounds its cost, ~0.3 s)
-THRASH_RATIO = 2.0  # warn when Belady fetches more than this times the bytes the node reads
 PREFETCH_THREADS = 2
 
 
@@ -64,37 +57,8 @@ def node_ranks(topology) -> int:
 
 
 def plain_read_shards(limit_bytes: int, index, readers: int, where: str, fixed: int = 0) -> int:
-    """Shards one read of a plain iteration may touch (a torch DataLoader's
-    worker splits its blocks to stay within it), ``readers`` being every reader
-    of the node and ``fixed`` the budget's bytes eviction cannot free (the
-    mirrored index); CacheLimitError when not even one shard each fits."""
-    if int(entry_bytes(index).sum()) + fixed <= limit_bytes:
-        return max(1, len(index))  # all of it fits: nothing is ever evicted or waited for
-    max_shard = max_entry_bytes(index)
-    limit_bytes -= fixed
-    slots = limit_bytes // max(1, readers * max_shard)
-    if slots < 1:
-        need = readers * max_shard + fixed
-        raise CacheLimitError(where, f"cache_limit_bytes={limit_bytes:,} is below the working set: {readers} "
-                              f"reader(s) on this node (LOCAL_WORLD_SIZE x DataLoader workers) each hold a shard "
-                              f"of up to {max_shard:,} bytes (and {fixed:,} bytes of index and plans stay); raise "
-                              f"cache_limit_bytes to at least {need:,} or use fewer workers", need)
-    return max(1, slots - reader_max_open(limit_bytes, max_shard, readers))
-
-
-def split_by_shards(ids: np.ndarray, offsets: np.ndarray, most: int) -> list[np.ndarray]:
-    """``ids`` cut, in order, into runs touching at most ``most`` distinct shards each."""
-    if len(ids) == 0:
-        return [ids]
-    shard = (np.searchsorted(offsets, ids, side="right") - 1).tolist()
-    out, start, seen = [], 0, set()
-    for j, s in enumerate(shard):
-        if s not in seen and len(seen) == most:
-            out.append(ids[start:j])
-            start, seen = j, set()
-        seen.add(s)
-    out.append(ids[start:])
-    return out
+    """Shards one read of a plain iteration may touch (cache/planning/sizing.py, ``read_slots``)."""
+    return sizing.read_slots(limit_bytes, entry_bytes(index), readers, where, fixed)
 
 
 class LoaderCache:
@@ -108,15 +72,8 @@ class LoaderCache:
         self.feed = dataset.feed(schedule)  # private: used by the prefetch thread only, once started
         sizes = dataset.index.sizes
         self.max_shard = max_entry_bytes(dataset.index)  # with its sidecar: what the budget counts
-        # the plan orders eviction (Belady's) only among the shards it names; a cached shard it leaves
-        # out is evicted first, least recently used first, whatever its next use. Cut at what the cache
-        # holds, it named the next 67 of 128 shards in a 50% cache, and whole shards were fetched 5.5x
-        # the data per epoch (Belady: 3.4x); named twice what the cache holds, 4.5x, what Belady fetches
-        # in the room the readers' open shards leave (belady_room)
-        # (sample ranges keep the cut: their whole shards stay once admitted, and the demo measured more
-        # prefetches skipped for room with the longer plan)
-        self.held = self.spec.limit_bytes // max(1, int(sizes.min()) if len(sizes) else 1)
-        self.plan_len = int(min(len(sizes), LOOKAHEAD_SHARDS, 2 * self.held + 2))
+        self.min_size = int(sizes.min()) if len(sizes) else 1
+        self.plan_len = sizing.plan_shards(len(sizes), self.spec.limit_bytes, self.min_size, ranged=False)
         self.prefetcher: PlanPrefetcher | None = None
         self.busy = 0  # steps past the consumer's the workers read already: sample prefetches start after them
         self.policy = None
@@ -131,17 +88,16 @@ class LoaderCache:
                 from shardfeed.cache.readers.ranged_reads import RangePolicy
 
                 self.policy = RangePolicy.of(self.spec.open(), self.ds.index)
-                self.plan_len = int(min(len(self.ds.index), LOOKAHEAD_SHARDS, self.held + 2))
                 self._check_ranged_budget()
-                # partial copies hold a sidecar and a few blocks each: the cache holds many more shards than
-                # whole ones, and a copy left out of the plan is evicted first (its sidecar fetched again)
-                self.plan_len = int(min(len(self.ds.index), LOOKAHEAD_SHARDS))
+                self.plan_len = sizing.plan_shards(len(self.ds.index), self.spec.limit_bytes, self.min_size,
+                                                   ranged=True)
                 self.spec.open().lookahead.max_bytes = plan_bytes(len(self.ds.index), True)  # as counted
                 self.prefetcher = SamplePrefetcher(self.spec.open(), self._plan_samples, self.policy,
                                                    RANGE_THREADS)
             else:
                 window = self._check_budget()
-                self.spec.open().lookahead.max_bytes = plan_bytes(min(len(self.ds.index), LOOKAHEAD_SHARDS), False)
+                self.spec.open().lookahead.max_bytes = plan_bytes(min(len(self.ds.index), sizing.LOOKAHEAD_SHARDS),
+                                                                  False)
                 if self._first_of_node():
                     self._warn_if_thrashing(self.feed.epoch)
                 self.prefetcher = PlanPrefetcher(self.spec.open(), self._plan, window, PREFETCH_THREADS)
@@ -171,7 +127,7 @@ class LoaderCache:
         ranks = node_ranks(self.ds.topology)
         working = policy.working_set(self.ds.index, batch or self.feed.batch_size(self.feed.epoch),
                                      (readers or self.readers) * ranks, ranks)
-        return policy.fixed + min(int(entry_bytes(self.ds.index).sum()), working)  # all of it: nothing waited for
+        return sizing.ranged_need(policy.fixed, int(entry_bytes(self.ds.index).sum()), working)
 
     def _check_ranged_budget(self) -> None:
         """CacheLimitError now if the node's ranges cannot all be pinned at once (every rank
@@ -220,26 +176,25 @@ class LoaderCache:
         of its read plus those it keeps open: with less, two readers could
         each wait for room the other's pins hold."""
         ranks = self.node_per_step(self.feed.epoch)
-        per_step = [n for n in ranks for _ in range(self.readers)]
+        per_step = sizing.per_reader(ranks, self.readers)
         limit = self.spec.limit_bytes
         fixed, whole = self.whole_terms()
-        needed = min(whole, fixed + node_need(limit - fixed, self.max_shard, per_step))
+        needed = sizing.whole_need(limit, fixed, whole, self.max_shard, per_step)
         if needed > limit:
-            least = min(whole, fixed + smallest_limit(self.max_shard, per_step))
+            least = sizing.whole_least(fixed, whole, self.max_shard, per_step)
             others = "".join(f", or {a}" for a in passing(self, limit, fixed, whole, ranks))
             raise CacheLimitError(self.spec.cache_dir, f"cache_limit_bytes={limit:,} is below the working set of "
                                   f"this node: {len(ranks)} rank(s) x {self.readers} reader(s), up to {max(ranks)} "
                                   f"shard(s) per step each ({order_name(self.ds)}), plus one being fetched, of up "
                                   f"to {self.max_shard:,} bytes each, and {fixed:,} bytes of index and plans; raise "
                                   f"cache_limit_bytes to at least {least:,}{others}", least)
-        return max(self.max_shard, limit - needed + self.max_shard)
+        return sizing.prefetch_window(limit, needed, self.max_shard)
 
     def whole_terms(self) -> tuple[int, int]:
         """The whole-shard check's (bytes eviction cannot free: mirrored index and log, the node's plans
         at most; those and every shard: a budget that evicts nothing)."""
-        plans = node_ranks(self.ds.topology) * plan_bytes(min(len(self.ds.index), LOOKAHEAD_SHARDS), False)
-        fixed = self.spec.open().budget.fixed_bytes(plans=False) + plans
-        return fixed, fixed + int(entry_bytes(self.ds.index).sum())
+        return sizing.whole_terms(self.spec.open().budget.fixed_bytes(plans=False), node_ranks(self.ds.topology),
+                                  len(self.ds.index), int(entry_bytes(self.ds.index).sum()))
 
     def node_per_step(self, epoch: int, max_positions: int = SIM_POSITIONS) -> list[int]:
         """Most shards one step reads, for each rank of this node, over a bounded prefix of ``epoch``."""
@@ -256,13 +211,7 @@ class LoaderCache:
         return [self._per_step(plan_of(job, r), job.batch_size(r), max_positions) for r in ranks]
 
     def _per_step(self, plan, bs: int, max_positions: int) -> int:
-        index = self.ds.index
-        m = min(plan.num_samples, max(bs, max_positions))
-        if m == 0 or bs <= 0:
-            return 1
-        shard = np.searchsorted(index.offsets, plan.positions(0, m), side="right") - 1
-        steps = np.unique((np.arange(m, dtype=np.int64) // bs) * len(index) + shard) // len(index)
-        return int(np.bincount(steps).max())
+        return sizing.most_per_step(self.ds.index.offsets, plan, bs, max_positions)
 
     def _first_of_node(self) -> bool:
         t = self.ds.topology
@@ -289,25 +238,18 @@ class LoaderCache:
                           self.belady_room())
 
     def belady_room(self) -> int:
-        """The budget eviction chooses from: less what eviction cannot free (the mirrored index,
-        the plans) and the shards each reader of the node keeps open between reads (pinned, so
-        never the farthest one evicted). Measured (whole shards, 128 of 156 KB, cache 50%, one
-        reader keeping 15 open): 4.88x / 4.55x / 4.36x the data in epochs 0-2; Belady over the whole
-        budget says 3.43x for a warm epoch, over this room 4.77x."""
-        limit = self.spec.limit_bytes
-        readers = node_ranks(self.ds.topology) * self.readers
-        kept = reader_max_open(limit, self.max_shard, readers) * readers * self.max_shard
-        fixed = self.spec.open().budget.fixed_bytes(plans=False)
-        return max(self.max_shard, limit - fixed - kept)
+        """The room Belady's estimate evicts in (cache/planning/sizing.py), every reader of the node counted."""
+        return sizing.belady_room(self.spec.limit_bytes, self.max_shard, node_ranks(self.ds.topology) * self.readers,
+                                  self.spec.open().budget.fixed_bytes(plans=False))
 
     def _warn_if_thrashing(self, epoch: int) -> None:
         index, limit = self.ds.index, self.spec.limit_bytes
         if int(index.sizes.sum()) <= limit:
             return  # everything fits: each shard is fetched once, ever
         est = self.estimate = self.estimate_epoch(epoch)
-        if est["node_bytes"] <= limit or est["fetched_bytes"] <= THRASH_RATIO * est["node_bytes"]:
+        ratio = thrash_ratio(est, limit)
+        if ratio is None:
             return
-        ratio = est["fetched_bytes"] / max(1, est["node_bytes"])
         part = "" if est["fraction_simulated"] >= 1 else f", estimated from {est['fraction_simulated']:.0%} of it"
         warnings.warn(
             f"shardfeed: the cache at {self.spec.cache_dir} ({_gb(limit)}) is smaller than the "

@@ -337,7 +337,8 @@ class ShardDataset(_placement.Placed, torch.utils.data.IterableDataset):
         plan = self.unbatched_plan()
         most = len(self.index) or 1  # shards one read may touch: bounded by a cache's budget
         if self.cache is not None:
-            from shardfeed.loader.caching import node_ranks, plain_read_shards, split_by_shards
+            from shardfeed.cache.planning.sizing import split_by_shards
+            from shardfeed.loader.caching import node_ranks, plain_read_shards
 
             most = plain_read_shards(self.cache.limit_bytes, self.index, nw * node_ranks(self.topology),
                                      self.cache.cache_dir, self.cache.open().budget.fixed_bytes())

@@ -14,6 +14,8 @@ import numpy as np
 
 from shardfeed.cache.planning.simulate import belady_bytes
 
+THRASH_RATIO = 2.0  # a plan thrashes when Belady fetches more than this times the bytes the node reads
+
 
 def step_reads(offsets, plans, max_positions: int) -> tuple[np.ndarray, float]:
     """(shards read in order, one per step that reads them, over the node's ranks; the fraction of
@@ -45,3 +47,12 @@ def warm_epoch(reads, after, frac_after: float, sizes, charge, room: int) -> dic
         * int(sizes.sum()) / max(1, int(charge.sum()))
     return {"node_bytes": node_bytes, "fetched_bytes": int(warm / max(frac_after, 1e-9)),
             "fraction_simulated": frac_after}
+
+
+def thrash_ratio(est: dict, limit: int) -> float | None:
+    """Bytes fetched per byte the node reads, of a ``warm_epoch`` estimate that thrashes a cache of
+    ``limit`` bytes (the node reads more than it holds and fetches over THRASH_RATIO times that); None
+    when it does not."""
+    if est["node_bytes"] <= limit or est["fetched_bytes"] <= THRASH_RATIO * est["node_bytes"]:
+        return None
+    return est["fetched_bytes"] / max(1, est["node_bytes"])
