@@ -12,7 +12,7 @@ if TYPE_CHECKING:  # what the names are, for type checkers; at run time each is 
     from shardfeed.cache.fetching.fetch import Cancelled, FetchOptions
     from shardfeed.cache.fetching.source_contract import Source
     from shardfeed.cache.fetching.url_sources import open_source
-    from shardfeed.cache.planning.prefetch import Prefetcher
+    from shardfeed.cache.planning.user_prefetch import Prefetcher
     from shardfeed.cache.remote.remote_index import RemoteDataset, RemoteIndex, mirror_index, open_remote_index
     from shardfeed.cache.storage.store import CacheLimitError, ShardCache, ShardRef
 
@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # what the names are, for type checkers; at run time each is 
 _EXPORTS = {
     "Cancelled": "fetching.fetch",
     "FetchOptions": "fetching.fetch",
-    "Prefetcher": "planning.prefetch",
+    "Prefetcher": "planning.user_prefetch",
     "RemoteDataset": "remote.remote_index",
     "RemoteIndex": "remote.remote_index",
     "mirror_index": "remote.remote_index",

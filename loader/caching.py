@@ -7,7 +7,7 @@ Who does what:
   ``cache.readers.reads.CachedShards``: a shard's verified local copy, pinned while
   the reader holds it open, fetched by the reader itself on a miss.
 - One prefetcher per Loader, in the main process (``LoaderCache``): a
-  ``cache.planning.clairvoyant.PlanPrefetcher`` fed by the feed's lookahead (a private
+  ``cache.planning.loader_prefetch.PlanPrefetcher`` fed by the feed's lookahead (a private
   copy of the feed, so the lookahead runs in the prefetch thread, never on
   the training loop's path). It fetches the shards in order of next use and
   publishes their steps as the cache's lookahead, so eviction is Belady's
@@ -34,7 +34,7 @@ import numpy as np
 
 from shardfeed.cache import CacheLimitError
 from shardfeed.cache.planning import sizing
-from shardfeed.cache.planning.clairvoyant import PlanPrefetcher
+from shardfeed.cache.planning.loader_prefetch import PlanPrefetcher
 from shardfeed.cache.planning.thrash import step_reads, thrash_ratio, warm_epoch
 from shardfeed.cache.readers.ranged_reads import NEAR_STEPS, RANGE_THREADS
 from shardfeed.cache.readers.reads import CachedShards, entry_bytes, max_entry_bytes
@@ -84,7 +84,7 @@ class LoaderCache:
         if self.prefetcher is None:
             self.feed.reset(pos)
             if self._ranged():
-                from shardfeed.cache.planning.clairvoyant import SamplePrefetcher
+                from shardfeed.cache.planning.loader_prefetch import SamplePrefetcher
                 from shardfeed.cache.readers.ranged_reads import RangePolicy
 
                 self.policy = RangePolicy.of(self.spec.open(), self.ds.index)

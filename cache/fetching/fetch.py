@@ -69,7 +69,7 @@ class FetchOptions:
                              f"got {self}")
 
 
-# What a prefetcher (clairvoyant.py) did, in its cache's stats() and so in Loader.stats():
+# What a prefetcher (loader_prefetch.py) did, in its cache's stats() and so in Loader.stats():
 # samples it brought as ranges and whole shards it brought; shards of its window found
 # complete already; shards given up for room (budget.NoRoom: no room beside what the
 # readers may still need); shards whose samples the readers passed before the fetch could

@@ -112,7 +112,7 @@ class RangePolicy:
             else self._sidecars_est if self._sidecars_est is not None else total * self.sidecar_share
         # all of it at once in the disk's blocks, with what eviction cannot free (taken for fitting on less, whole
         # shards were admitted unclaimed and readers waited for room only their own pins held)
-        # when every shard fits nothing is evicted, so no plan is published (clairvoyant.SamplePrefetcher):
+        # when every shard fits nothing is evicted, so no plan is published (loader_prefetch.SamplePrefetcher):
         # the data fits beside the metadata and the names its shards add to the cache's folders; counting
         # the plans' worst case (48 KiB for 128 shards, 192 KiB for 500) made a cache with room for all of
         # it (+96 KiB here) read 3 of 128 shards (bench remote's: 10 of 125) as ranges every epoch
@@ -121,7 +121,7 @@ class RangePolicy:
                                                          self.held, self.working, self.fixed, self.headroom)
         self.expected = cm.window_held(limit, total, self.sidecar_share, self.samples, self.batch, self.held,
                                        self.reserve)
-        # a rank's prefetcher's share of it: the steps it brings beyond the readers' next (clairvoyant.py);
+        # a rank's prefetcher's share of it: the steps it brings beyond the readers' next (loader_prefetch.py);
         # what it brings into a copy a reader pins stays pinned, so the node's windows get only the room
         # beyond the readers' worst case (at the figure the start check names: none)
         window = 0 if self.fits else int(self.expected * (NEAR_STEPS - 1) / max(1, self.held))

@@ -122,7 +122,7 @@ def test_the_prefetch_window_is_given_back_as_the_readers_move(tmp_path):
     policy.window_bytes; a step the readers reach leaves it (its samples are theirs now)."""
     from types import SimpleNamespace
 
-    from shardfeed.cache.planning.clairvoyant import SamplePrefetcher
+    from shardfeed.cache.planning.loader_prefetch import SamplePrefetcher
 
     policy = SimpleNamespace(window_bytes=100)
     with SamplePrefetcher(ShardCache(str(tmp_path / "c"), 1 << 20), lambda pos: ([], []), policy) as p:

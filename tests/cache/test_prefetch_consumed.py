@@ -1,6 +1,6 @@
 """A prefetch for the readers' next step never fetches again what a reader read at that step.
 
-The prefetcher (cache/clairvoyant.py) and the readers race for the samples of
+The prefetcher (cache/planning/loader_prefetch.py) and the readers race for the samples of
 the readers' next step. A prefetch that took a partial copy's lock after a
 reader had read a sample and punched it out found it missing and fetched it
 once more, for nothing: on a loaded machine that took a 75% cache's epoch

@@ -1,5 +1,5 @@
 """The prefetch window crosses epoch boundaries: while the last steps of an epoch are
-read, the sample prefetcher (cache/clairvoyant.py, fed by loader/caching.py from
+read, the sample prefetcher (cache/planning/loader_prefetch.py, fed by loader/caching.py from
 ``EpochFeed.near``) brings the first steps of the next one, whose plan is a pure
 function of the seed and the epoch. A loopback HTTP dataset read through a cache of
 half of it, so misses come as sample ranges; every delivered sample is checked."""

@@ -1,7 +1,7 @@
 """Where the sample prefetcher's window starts, and what it brings again.
 
 A Loader's workers read the steps after the one the consumer was handed;
-the prefetcher (cache/clairvoyant.py, fed by loader/caching.py) plans the
+the prefetcher (cache/planning/loader_prefetch.py, fed by loader/caching.py) plans the
 NEAR_STEPS steps after those (bringing the steps being read would race the
 readers), and it does not ask again for samples it made present already
 (each pass re-checked every one of them: most of its time). A loopback HTTP

@@ -1,4 +1,4 @@
-"""Sample ranges over a link with a round trip per request (cache/ranges.py, cache/clairvoyant.py):
+"""Sample ranges over a link with a round trip per request (cache/ranges.py, cache/planning/loader_prefetch.py):
 the plan is known, so the requests go out side by side and the link's latency, paid once per
 request one after another, no longer sets the pace. A loopback server waits LATENCY_S before
 answering each GET (requests waiting side by side) and counts the most it answers at once.

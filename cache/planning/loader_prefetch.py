@@ -1,4 +1,9 @@
-"""PlanPrefetcher: keep the cache filled with the shards a plan needs next.
+"""The Loader's prefetchers: the cache kept filled with the shards (PlanPrefetcher) or samples
+(SamplePrefetcher) a moving plan needs next.
+
+Started by loader/caching.py, one per Loader (the user's prefetcher over a fixed
+list of shards, which keeps each shard's error for its consumer, is
+user_prefetch.py's ``Prefetcher``).
 
 The consumer says where it stands (``moved(position)``, any value); a
 background thread turns the position into the upcoming shards

@@ -1,6 +1,8 @@
-"""Prefetcher: fetch shards into the cache ahead of their use, in plan order.
+"""The user's prefetcher (``shardfeed.cache.Prefetcher``): shards fetched ahead of use, in list order.
 
-Given the shards in order of next use (a feed's lookahead), background
+For code that reads a list of shards itself, position by position (the
+Loader's prefetchers are loader_prefetch.py's: they follow a plan that moves,
+and leave errors to the readers). Given the shards in order of next use, background
 threads fetch the next ones while the consumer reads the current one, never
 more than ``max_ahead_bytes`` beyond the consumer's position. The plan is
 also given to the cache as its lookahead, so eviction keeps what comes soon.
