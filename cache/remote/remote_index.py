@@ -100,7 +100,10 @@ def _copy(url: str, dest: str, cache: ShardCache, max_bytes: int = _MAX_META_BYT
     # inside the cache's budget like a shard: room made first, renamed under the node lock; a log
     # entry's temporary beside the log's folder, which holds finished entries only (its ledger)
     folder = os.path.dirname(dest) if versioned else os.path.dirname(os.path.dirname(dest))
-    tmp = cache.budget.make_room_and_create(os.path.basename(dest), "", len(data), url, folder,
+    # the log's first entry makes its total's file: room for its block made with the entry's, given
+    # back (the temporary cut to the entry's size) under the lock where the total's file takes it
+    extra = 0 if versioned or not ledger.needs_total(os.path.dirname(dest)) else cache.budget.block
+    tmp = cache.budget.make_room_and_create(os.path.basename(dest), "", len(data) + extra, url, folder,
                                             xattr=_VERSION_XATTR if versioned else None)
     try:
         try:
@@ -114,6 +117,8 @@ def _copy(url: str, dest: str, cache: ShardCache, max_bytes: int = _MAX_META_BYT
         except OSError:
             pass  # no xattrs here: the next mirror fetches it again (never stale)
         with cache.budget.locked():  # a scan never sees it twice or not at all
+            if extra:
+                os.truncate(tmp, len(data))
             ledger.replace(tmp, dest, cache.budget.block)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

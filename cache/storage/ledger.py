@@ -10,8 +10,13 @@ named in LEDGERED gets one at its first file. Temporaries are made in the
 folder above it (listed as usual), so the folder holds finished files only.
 ``count``, ``replace`` and ``remove`` are called with the node's budget lock
 held (``with budget.locked(): ...``), so two writers never change a total at
-once; the total is replaced whole, so a scan outside the lock reads the old
-one or the new one.
+once. The total's file is written in place once it exists (a fixed width, no
+temporary: a temporary beside it took a block the budget had not made room
+for, one block over a tiny limit at every commit), the figure twice, so a
+scan outside the lock that reads a half-written one sees two figures apart
+and counts the folder from a listing instead. Its first block is made room for
+with the log's entry that makes it (``needs_total``), given back under the lock
+as the total's file takes it.
 """
 
 from __future__ import annotations
@@ -26,19 +31,29 @@ LEDGERED = ("_log",)  # folders kept by a total once they hold a file: a mirrore
 
 
 def read(folder: str) -> int | None:
-    """``folder``'s total, or None when it is not kept by one."""
+    """``folder``'s total, or None when it is not kept by one (or is being written this moment)."""
     try:
         with open(folder + LEDGER, "rb") as f:
-            return int(f.read(64).split()[0])
-    except (FileNotFoundError, ValueError, IndexError):
+            a, b = f.read(64).split()[:2]
+        return int(a) if a == b else None
+    except (FileNotFoundError, ValueError):
         return None
 
 
 def _write(folder: str, total: int) -> None:
-    tmp = folder + LEDGER + ".new"
-    with open(tmp, "w") as f:
-        f.write(f"{int(total)}\n")
-    os.replace(tmp, folder + LEDGER)
+    data = f"{int(total):020d} {int(total):020d}\n".encode()
+    path = folder + LEDGER
+    try:
+        fd = os.open(path, os.O_WRONLY)
+    except FileNotFoundError:
+        with open(path + ".new", "wb") as f:
+            f.write(data)
+        os.replace(path + ".new", path)
+        return
+    try:
+        os.pwrite(fd, data, 0)
+    finally:
+        os.close(fd)
 
 
 def file_charge(path: str, block: int) -> int:
@@ -67,15 +82,24 @@ def count(folder: str, block: int) -> int:
     return total
 
 
+def needs_total(folder: str) -> bool:
+    """Whether a file renamed into ``folder`` now would make its total's file (a block more)."""
+    return os.path.basename(folder) in LEDGERED and not os.path.exists(folder + LEDGER)
+
+
 def replace(tmp: str, dest: str, block: int) -> None:
     """Rename ``tmp`` to ``dest``, the total of ``dest``'s folder changed by what it holds more."""
     folder = os.path.dirname(dest)
     total = read(folder)
-    before = file_charge(dest, block) if total is not None else 0
-    os.replace(tmp, dest)
     if total is not None:
-        _write(folder, total + file_charge(dest, block) - before)
-    elif os.path.basename(folder) in LEDGERED:
+        # the total first: a scan outside the lock may count the entry twice for a moment, never not at all
+        st = os.lstat(tmp)
+        _write(folder, total + temp_bytes(os.path.basename(dest), st.st_size, st.st_blocks, block)
+               - file_charge(dest, block))
+        os.replace(tmp, dest)
+        return
+    os.replace(tmp, dest)
+    if os.path.basename(folder) in LEDGERED:
         count(folder, block)  # its first file: counted once, kept from now on
 
 

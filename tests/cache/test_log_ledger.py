@@ -93,7 +93,7 @@ def test_two_processes_mirroring_one_log_keep_its_total(tmp_path):
         assert _ledger(log) == _listed(log)
         # a ledger that went wrong (a file changed without the budget) is counted afresh at the next open
         with open(log + LEDGER, "w") as f:
-            f.write("7\n")
+            f.write("7 7\n")  # the figure twice, as the ledger writes it (two figures apart: being written)
         before = cache.budget.fixed_bytes(plans=False)
         assert _open(f"{srv.url}/ds", cache_dir, False) == commits
         assert _ledger(log) == _listed(log) and cache.budget.fixed_bytes(plans=False) > before
