@@ -106,7 +106,10 @@ def test_copied_batches_reuse_the_memory_the_previous_batch_freed(wide_dataset, 
     3,583 per 256 x 100 KiB batch, ~7 ms of a ~17 ms batch on the dev VM)."""
     faults = _faults_per_batch(wide_dataset, workers, read_ahead=read_ahead)
     assert len(faults) == 5
-    assert max(faults) < 200, faults  # a batch is 1,024 pages of payload
+    # a batch is 1,024 pages of payload. One batch of five may fault them in once: on a loaded machine the
+    # read-ahead's pace moved one batch between the thread and the loop (another malloc arena; 1,024 once
+    # in a full suite beside a busy core); the regression faulted every batch in again
+    assert sorted(faults)[-2] < 200, faults
 
 
 @pytest.mark.skipif(not GLIBC, reason="the heap thresholds are glibc's (mallopt)")
