@@ -234,11 +234,16 @@ def s3_options(endpoint: str) -> dict:
     return dict(S3_KEYS, client_kwargs={"endpoint_url": endpoint, "region_name": "us-east-1"})
 
 
-def upload_folder(endpoint: str, bucket: str, folder: str, prefix: str) -> None:
+def s3_client(endpoint: str):
+    """A boto3 client of the loopback S3 server at ``endpoint`` (moto's test keys)."""
     import boto3
 
-    s3 = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing", aws_secret_access_key="testing",
-                      region_name="us-east-1")
+    return boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing", aws_secret_access_key="testing",
+                        region_name="us-east-1")
+
+
+def upload_folder(endpoint: str, bucket: str, folder: str, prefix: str) -> None:
+    s3 = s3_client(endpoint)
     for dirpath, _, files in os.walk(folder):
         for n in files:
             path = os.path.join(dirpath, n)

@@ -90,17 +90,6 @@ def test_get_without_a_hash_serves_the_new_version(tmp_path):
         assert len(os.listdir(cache.data_dir)) == 1  # the old copy is gone
 
 
-@pytest.fixture(scope="module")
-def moto_endpoint():
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    _, port = server.get_host_and_port()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
-
-
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("append", [False, True], ids=["index", "live-log"])
 def test_s3_dataset_rewritten_at_the_same_prefix_is_read_new(tmp_path, moto_endpoint, append):

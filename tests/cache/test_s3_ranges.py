@@ -6,32 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from cache_servers import s3_options
+from cache_servers import s3_client, s3_options
 from shardfeed.cache.fetching.url_sources import open_source
 from shardfeed.formats import ShardError
 
 
-@pytest.fixture(scope="module")
-def moto_endpoint():
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    _, port = server.get_host_and_port()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
-
-
-def _client(endpoint):
-    import boto3
-
-    return boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing", aws_secret_access_key="testing",
-                        region_name="us-east-1")
-
-
 @pytest.mark.timeout(120)
 def test_object_rewritten_between_ranges_is_refused(moto_endpoint):
-    s3 = _client(moto_endpoint)
+    s3 = s3_client(moto_endpoint)
     s3.create_bucket(Bucket="ranges")
     old, new = bytes(range(256)) * 64, bytes(reversed(range(256))) * 64
     s3.put_object(Bucket="ranges", Key="s.tar", Body=old)

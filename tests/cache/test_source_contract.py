@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from cache_servers import RangeServer, StaticServer, s3_options, upload_folder
+from cache_servers import RangeServer, StaticServer, s3_client, s3_options, upload_folder
 from shardfeed.cache import ShardCache
 from shardfeed.cache.fetching.fetch import FetchOptions, fetch_to_fd
 from shardfeed.cache.fetching.source_contract import Identity, Source
@@ -22,24 +22,6 @@ from shardfeed.cache.fetching.url_sources import open_source
 BLOB = bytes(range(251)) * 300  # 75,300 bytes: several ranges of the fetch below
 DECLARED = {n for n, v in vars(Source).items() if not n.startswith("_")}
 KINDS = ("path", "file", "http", "http-static", "s3")
-
-
-@pytest.fixture(scope="module")
-def moto_endpoint():
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    _, port = server.get_host_and_port()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
-
-
-def _s3(endpoint):
-    import boto3
-
-    return boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing", aws_secret_access_key="testing",
-                        region_name="us-east-1")
 
 
 @pytest.fixture
@@ -60,7 +42,7 @@ def served(request, tmp_path):
     else:
         endpoint = request.getfixturevalue("moto_endpoint")
         bucket = f"contract-{os.getpid()}-{abs(hash(str(tmp_path))) % 10**8}"
-        _s3(endpoint).create_bucket(Bucket=bucket)
+        s3_client(endpoint).create_bucket(Bucket=bucket)
         upload_folder(endpoint, bucket, str(folder), "ds")
 
         def rewrite(data):
